@@ -1,0 +1,79 @@
+"""Model configuration: one validated dataclass, the single source of a model's shape."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Literal
+
+
+@dataclass
+class TransformerConfig:
+    src_vocab_size: int
+    tgt_vocab_size: int
+    d_model: int = 512
+    num_heads: int = 8
+    num_kv_heads: int | None = None  # grouped-query attention; None = num_heads, 1 = multi-query
+    num_encoder_layers: int = 6
+    num_decoder_layers: int = 6
+    d_ff: int = 2048
+    dropout: float = 0.1  # on embeddings and on each residual branch
+    attention_dropout: float = 0.0  # on attention weights
+    activation_dropout: float = 0.0  # inside the feed-forward block, after the activation
+    activation: Literal["relu", "gelu"] = "relu"
+    norm_first: bool = True  # pre-norm trains stably; False = the original post-norm
+    bias: bool = True  # bias terms in attention and feed-forward projections
+    layer_norm_eps: float = 1e-5
+    max_positions: int = 1024  # longest sequence the sinusoidal table covers
+    tie_output_embeddings: bool = True  # decoder input embedding = output projection (Press & Wolf)
+    share_all_embeddings: bool = False  # one embedding for source and target: needs a joint vocab
+    pad_id: int = 0  # must agree with the tokenizer's; its embedding row is zero and never learns
+
+    def __post_init__(self) -> None:
+        if self.num_kv_heads is None:
+            self.num_kv_heads = self.num_heads
+        positive = (
+            "src_vocab_size", "tgt_vocab_size", "d_model", "num_heads", "num_kv_heads",
+            "d_ff", "max_positions",
+        )  # fmt: skip
+        for name in positive:
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
+        for name in ("num_encoder_layers", "num_decoder_layers"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+        check_heads(self.d_model, self.num_heads, self.num_kv_heads)
+        for name in ("dropout", "attention_dropout", "activation_dropout"):
+            if not 0.0 <= getattr(self, name) < 1.0:
+                raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.activation not in ("relu", "gelu"):
+            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:
+            raise ValueError(
+                "share_all_embeddings needs one joint vocabulary, but src_vocab_size="
+                f"{self.src_vocab_size} and tgt_vocab_size={self.tgt_vocab_size}; train a joint "
+                "tokenizer or set share_all_embeddings=False"
+            )
+        for name in ("src_vocab_size", "tgt_vocab_size"):
+            if not 0 <= self.pad_id < getattr(self, name):
+                raise ValueError(f"pad_id={self.pad_id} is outside {name}={getattr(self, name)}")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.num_heads
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def check_heads(d_model: int, num_heads: int, num_kv_heads: int) -> None:
+    """Raise a ValueError naming the offending sizes when heads do not split the model evenly."""
+    if d_model % num_heads:
+        raise ValueError(
+            f"num_heads={num_heads} does not divide d_model={d_model}: each head needs "
+            f"d_model / num_heads dimensions; pick num_heads among the divisors of {d_model}"
+        )
+    if num_heads % num_kv_heads:
+        raise ValueError(
+            f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}: each key/value "
+            "head serves a whole group of query heads"
+        )
