@@ -26,7 +26,7 @@ class TransformerConfig:
     max_positions: int = 1024  # longest sequence the sinusoidal table covers
     tie_output_embeddings: bool = True  # decoder input embedding = output projection (Press & Wolf)
     share_all_embeddings: bool = False  # one embedding for source and target: needs a joint vocab
-    pad_id: int = 0  # must agree with the tokenizer's; its embedding row is zero and never learns
+    pad_id: int = 0  # must agree with the tokenizer's; its embedding row starts at zero
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -39,8 +39,8 @@ class TransformerConfig:
             if getattr(self, name) <= 0:
                 raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         for name in ("num_encoder_layers", "num_decoder_layers"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0, got {getattr(self, name)}")
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         check_heads(self.d_model, self.num_heads, self.num_kv_heads)
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:

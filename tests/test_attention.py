@@ -1,0 +1,194 @@
+"""Multi-head attention against torch.nn.MultiheadAttention, and the invariants of its masks."""
+
+import pytest
+import torch
+from torch import nn
+
+import transformer.attention as attention_module
+from transformer import KVCache, MultiheadAttention
+from transformer.masks import attention_allowed, causal_allowed
+
+B, T, S, D, H = 3, 6, 5, 32, 4
+
+
+def lengths_to_pad_mask(lengths: list[int], total: int) -> torch.Tensor:
+    return torch.arange(total)[None, :] >= torch.tensor(lengths)[:, None]  # True at padding
+
+
+def torch_mha(ours: MultiheadAttention, kdim: int | None = None) -> nn.MultiheadAttention:
+    """torch's module with our weights copied in."""
+    mha = nn.MultiheadAttention(D, H, batch_first=True, kdim=kdim, vdim=kdim).eval()
+    with torch.no_grad():
+        if not ours.cross:
+            mha.in_proj_weight.copy_(ours.qkv_proj.weight)
+            mha.in_proj_bias.copy_(ours.qkv_proj.bias)
+        elif kdim is None:
+            mha.in_proj_weight.copy_(torch.cat([ours.q_proj.weight, ours.kv_proj.weight]))
+            mha.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.kv_proj.bias]))
+        else:
+            k_w, v_w = ours.kv_proj.weight.chunk(2)
+            mha.q_proj_weight.copy_(ours.q_proj.weight)
+            mha.k_proj_weight.copy_(k_w)
+            mha.v_proj_weight.copy_(v_w)
+            mha.in_proj_bias.copy_(torch.cat([ours.q_proj.bias, ours.kv_proj.bias]))
+        mha.out_proj.weight.copy_(ours.out_proj.weight)
+        mha.out_proj.bias.copy_(ours.out_proj.bias)
+    return mha
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_self_attention_matches_torch(causal: bool, padded: bool, need_weights: bool) -> None:
+    ours = MultiheadAttention(D, H).eval()
+    mha = torch_mha(ours)
+    x = torch.randn(B, T, D)
+    pad = lengths_to_pad_mask([T, 4, 2], T) if padded else None
+    out, weights = ours(x, key_padding_mask=pad, causal=causal, need_weights=need_weights)
+    attn_mask = ~causal_allowed(T, T) if causal else None  # torch: True = masked
+    ref, ref_w = mha(x, x, x, key_padding_mask=pad, attn_mask=attn_mask, average_attn_weights=False)
+    real = ~pad if padded else torch.ones(B, T, dtype=torch.bool)  # torch gives NaN-free rows only
+    torch.testing.assert_close(out[real], ref[real], atol=1e-5, rtol=1e-5)
+    if need_weights:
+        torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
+    else:
+        assert weights is None
+
+
+@pytest.mark.parametrize("kdim", [None, 48])
+def test_cross_attention_matches_torch(kdim: int | None) -> None:
+    ours = MultiheadAttention(D, H, cross=True, kv_dim=kdim).eval()
+    mha = torch_mha(ours, kdim)
+    x, memory = torch.randn(B, T, D), torch.randn(B, S, kdim or D)
+    pad = lengths_to_pad_mask([S, 3, 1], S)
+    out, weights = ours(x, memory, key_padding_mask=pad, need_weights=True)
+    ref, ref_w = mha(x, memory, memory, key_padding_mask=pad, average_attn_weights=False)
+    torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(weights, ref_w, atol=1e-5, rtol=1e-5)
+
+
+def test_input_widths_other_than_d_model() -> None:
+    # One seed projects 1024-wide inputs into a 512-wide model.
+    attn = MultiheadAttention(512, 8, cross=True, q_dim=1024, kv_dim=768)
+    out, _ = attn(torch.randn(2, 3, 1024), torch.randn(2, 4, 768))
+    assert out.shape == (2, 3, 512)
+
+
+@pytest.mark.parametrize("cross", [False, True])
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_sdpa_path_equals_explicit_path(cross: bool, causal: bool, num_kv_heads: int) -> None:
+    attn = MultiheadAttention(D, H, num_kv_heads, cross=cross).eval()
+    x, memory = torch.randn(B, T, D), torch.randn(B, S, D) if cross else None
+    tk = S if cross else T
+    pad = lengths_to_pad_mask([tk, 3, 1], tk)
+    fast, _ = attn(x, memory, key_padding_mask=pad, causal=causal)
+    explicit, _ = attn(x, memory, key_padding_mask=pad, causal=causal, need_weights=True)
+    torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_rows_sum_to_one_masked_keys_zero_causal_lower_triangular() -> None:
+    attn = MultiheadAttention(D, H).eval()
+    pad = lengths_to_pad_mask([T, 4, 2], T)
+    _, w = attn(torch.randn(B, T, D), key_padding_mask=pad, causal=True, need_weights=True)
+    allowed = attention_allowed(pad, True, T, T).expand(B, H, T, T)
+    assert torch.all(w[~allowed] == 0)
+    torch.testing.assert_close(w.sum(-1), torch.ones(B, H, T))
+    assert torch.equal(w, w.tril())
+
+
+@pytest.mark.parametrize("need_weights", [False, True])
+def test_query_with_every_key_masked_is_finite(need_weights: bool) -> None:
+    attn = MultiheadAttention(D, H, cross=True)
+    pad = lengths_to_pad_mask([S, 0, 2], S)  # the second memory is all padding
+    x = torch.randn(B, T, D, requires_grad=True)
+    out, _ = attn(x, torch.randn(B, S, D), key_padding_mask=pad, need_weights=need_weights)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(x.grad).all()
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, 1])
+def test_grouped_query_attention_equals_mha_with_shared_kv_heads(num_kv_heads: int) -> None:
+    gqa = MultiheadAttention(D, H, num_kv_heads).eval()
+    full = MultiheadAttention(D, H).eval()
+    dh, group = D // H, H // num_kv_heads
+    q_w, k_w, v_w = gqa.qkv_proj.weight.split([D, num_kv_heads * dh, num_kv_heads * dh])
+    q_b, k_b, v_b = gqa.qkv_proj.bias.split([D, num_kv_heads * dh, num_kv_heads * dh])
+
+    def per_query_head(t: torch.Tensor) -> torch.Tensor:  # each kv head serves `group` heads
+        return t.reshape(num_kv_heads, dh, *t.shape[1:]).repeat_interleave(group, 0).flatten(0, 1)
+
+    with torch.no_grad():
+        full.qkv_proj.weight.copy_(torch.cat([q_w, per_query_head(k_w), per_query_head(v_w)]))
+        full.qkv_proj.bias.copy_(torch.cat([q_b, per_query_head(k_b), per_query_head(v_b)]))
+        full.out_proj.load_state_dict(gqa.out_proj.state_dict())
+    x = torch.randn(B, T, D)
+    for need_weights in (False, True):
+        out, _ = gqa(x, causal=True, need_weights=need_weights)
+        ref, _ = full(x, causal=True)
+        torch.testing.assert_close(out, ref, atol=1e-5, rtol=1e-5)
+    assert gqa.qkv_proj.weight.shape[0] == D + 2 * num_kv_heads * dh
+
+
+@pytest.mark.parametrize("num_kv_heads", [4, 2])
+def test_self_attention_cache_equals_full_causal_forward(num_kv_heads: int) -> None:
+    attn = MultiheadAttention(D, H, num_kv_heads).eval()
+    x = torch.randn(B, T, D)
+    full, _ = attn(x, causal=True)
+    cache = KVCache()
+    for t in range(T):
+        step, _ = attn(x[:, t : t + 1], causal=True, cache=cache)
+        torch.testing.assert_close(step[:, 0], full[:, t], atol=1e-5, rtol=1e-5)
+    assert cache.length == T
+    # Several new steps at once after a cached prefix see the prefix and, causally, each other.
+    cache = KVCache()
+    attn(x[:, :2], causal=True, cache=cache)
+    for need_weights in (False, True):
+        rest, _ = attn(
+            x[:, 2:], causal=True, cache=KVCache(cache.k, cache.v), need_weights=need_weights
+        )
+        torch.testing.assert_close(rest, full[:, 2:], atol=1e-5, rtol=1e-5)
+
+
+def test_cross_attention_cache_projects_memory_once() -> None:
+    attn = MultiheadAttention(D, H, cross=True).eval()
+    memory, x = torch.randn(B, S, D), torch.randn(B, T, D)
+    calls = []
+    attn.kv_proj.register_forward_hook(lambda *_: calls.append(1))
+    full, _ = attn(x, memory)
+    cache = KVCache()
+    steps = [attn(x[:, t : t + 1], memory if t == 0 else None, cache=cache)[0] for t in range(T)]
+    torch.testing.assert_close(torch.cat(steps, 1), full, atol=1e-5, rtol=1e-5)
+    assert len(calls) == 2  # once for the full forward, once for all cached steps
+
+
+def test_cache_reorder_selects_batch_rows() -> None:
+    k, v = torch.randn(3, 2, 4, 8), torch.randn(3, 2, 4, 8)
+    cache = KVCache(k, v)
+    cache.reorder(torch.tensor([2, 2, 0]))
+    assert torch.equal(cache.k, k[[2, 2, 0]]) and torch.equal(cache.v, v[[2, 2, 0]])
+
+
+def test_sdpa_is_the_default_and_explicit_path_only_runs_for_weights(monkeypatch) -> None:
+    attn = MultiheadAttention(D, H)
+    calls = []
+    real = attention_module.explicit_attention
+    monkeypatch.setattr(
+        attention_module, "explicit_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+    )
+    attn(torch.randn(B, T, D), causal=True)
+    assert not calls
+    attn(torch.randn(B, T, D), causal=True, need_weights=True)
+    assert calls
+
+
+@pytest.mark.parametrize(
+    ("d_model", "heads", "kv_heads", "message"),
+    [
+        (30, 4, None, "num_heads=4 does not divide d_model=30"),
+        (32, 4, 3, "num_kv_heads=3 does not divide num_heads=4"),
+    ],
+)
+def test_invalid_head_counts_raise(d_model: int, heads: int, kv_heads, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        MultiheadAttention(d_model, heads, kv_heads)

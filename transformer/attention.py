@@ -1,0 +1,159 @@
+"""Multi-head attention: one module for encoder self-, causal decoder self- and cross-attention.
+
+Two kernels sit behind one interface. By default PyTorch's ``scaled_dot_product_attention``
+(flash, memory-efficient or fused CPU kernels, chosen by PyTorch). When per-head weights are asked
+for (``need_weights=True``), the explicit softmax(QK^T / sqrt(d)) V path runs instead and returns
+them; it computes the same numbers and doubles as the reference in tests.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer.cache import KVCache
+from transformer.config import check_heads
+from transformer.masks import attention_allowed
+
+
+def explicit_attention(
+    q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float = 0.0
+) -> tuple[Tensor, Tensor]:
+    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk).
+
+    Weights are exactly 0 at disallowed keys; a row with no allowed key is all zeros (not NaN).
+    """
+    if k.size(1) != q.size(1):  # grouped-query: query head h reads key/value head h // group
+        group = q.size(1) // k.size(1)
+        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
+    if allowed is not None:
+        scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    weights = scores.softmax(dim=-1)
+    if allowed is not None:
+        weights = weights.masked_fill(~allowed, 0.0)
+    return F.dropout(weights, dropout_p) @ v, weights
+
+
+class MultiheadAttention(nn.Module):
+    """Multi-head (optionally grouped-query) attention.
+
+    Self-attention (``cross=False``) projects its one input with a single fused QKV matrix;
+    cross-attention (``cross=True``) projects queries from the decoder stream and keys/values with
+    one fused KV matrix from the encoder output. ``q_dim`` and ``kv_dim`` let inputs be wider or
+    narrower than ``d_model``; the output is always ``d_model`` wide.
+    """
+
+    def __init__(
+        self,
+        d_model: int,
+        num_heads: int,
+        num_kv_heads: int | None = None,
+        *,
+        cross: bool = False,
+        q_dim: int | None = None,
+        kv_dim: int | None = None,
+        dropout: float = 0.0,
+        bias: bool = True,
+    ) -> None:
+        super().__init__()
+        num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
+        check_heads(d_model, num_heads, num_kv_heads)
+        if kv_dim is not None and not cross:
+            raise ValueError("kv_dim is for cross-attention; self-attention has one input, q_dim")
+        q_dim = q_dim or d_model
+        kv_dim = kv_dim or d_model
+        self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
+        self.head_dim = d_model // num_heads
+        self.kv_width = num_kv_heads * self.head_dim
+        self.cross = cross
+        self.dropout = dropout
+        if cross:
+            self.q_proj = nn.Linear(q_dim, d_model, bias=bias)
+            self.kv_proj = nn.Linear(kv_dim, 2 * self.kv_width, bias=bias)
+        else:
+            self.qkv_proj = nn.Linear(q_dim, d_model + 2 * self.kv_width, bias=bias)
+        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Xavier-uniform on each Q, K, V and output matrix (as if unfused); zero biases."""
+        d, kv = self.d_model, self.kv_width
+        if self.cross:
+            blocks = [(self.q_proj, [d]), (self.kv_proj, [kv, kv])]
+        else:
+            blocks = [(self.qkv_proj, [d, kv, kv])]
+        for linear, rows in (*blocks, (self.out_proj, [d])):
+            for block in linear.weight.data.split(rows, dim=0):
+                nn.init.xavier_uniform_(block)
+            if linear.bias is not None:
+                nn.init.zeros_(linear.bias)
+
+    def _heads(self, x: Tensor, n: int) -> Tensor:
+        B, T, _ = x.shape
+        return x.view(B, T, n, self.head_dim).transpose(1, 2)  # (B, n, T, Dh)
+
+    def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
+        """Keys and values of the encoder output: (B, S, kv_dim) -> 2 x (B, Hkv, S, Dh)."""
+        k, v = self.kv_proj(memory).split(self.kv_width, dim=-1)
+        return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None = None,
+        key_padding_mask: Tensor | None = None,
+        causal: bool = False,
+        cache: KVCache | None = None,
+        need_weights: bool = False,
+    ) -> tuple[Tensor, Tensor | None]:
+        """Attend from ``x`` (B, Tq, q_dim) to itself, or to ``memory`` (B, S, kv_dim) if cross.
+
+        key_padding_mask: (B, Tk) bool, True at padding (see ``transformer.masks``); for a cached
+            self-attention step it covers all keys, cached and new.
+        causal: forbid attending to later positions; with a cache, new queries follow the cached.
+        cache: self-attention appends this call's keys/values; cross-attention fills it from
+            ``memory`` on first use and afterwards reads it (``memory`` may then be None).
+        Returns the output (B, Tq, d_model) and, if ``need_weights``, weights (B, H, Tq, Tk).
+        """
+        B, Tq, _ = x.shape
+        offset = 0
+        if self.cross:
+            q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
+            if cache is not None and cache.k is not None:
+                k, v = cache.k, cache.v
+            else:
+                if memory is None:
+                    raise ValueError("cross-attention needs `memory` or a filled cache")
+                k, v = self.project_kv(memory)  # (B, Hkv, S, Dh)
+                if cache is not None:
+                    cache.append(k, v)
+        else:
+            q, k, v = self.qkv_proj(x).split([self.d_model, self.kv_width, self.kv_width], dim=-1)
+            q = self._heads(q, self.num_heads)  # (B, H, Tq, Dh)
+            k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
+            if cache is not None:
+                offset = cache.length
+                k, v = cache.append(k, v)  # (B, Hkv, offset + Tq, Dh)
+        Tk = k.size(2)
+        dropout_p = self.dropout if self.training else 0.0
+
+        if need_weights:
+            allowed = attention_allowed(key_padding_mask, causal, Tq, Tk, offset, x.device)
+            out, weights = explicit_attention(q, k, v, allowed, dropout_p)
+        else:
+            weights = None
+            # A causal square block with no padding takes the kernels' fast causal path; one new
+            # query after the cache may see every key, so it needs no mask at all.
+            fast_causal = causal and key_padding_mask is None and offset == 0 and Tq == Tk
+            needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
+            allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
+            out = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
+                enable_gqa=self.num_kv_heads != self.num_heads,
+            )  # fmt: skip
+        out = out.transpose(1, 2).reshape(B, Tq, self.d_model)  # merge heads: (B, Tq, H * Dh)
+        return self.out_proj(out), weights

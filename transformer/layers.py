@@ -1,0 +1,162 @@
+"""Encoder and decoder layer stacks, pre-norm by default, post-norm as an option."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer.attention import MultiheadAttention
+from transformer.cache import DecoderCache, KVCache
+from transformer.config import TransformerConfig
+
+SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
+
+
+class FeedForward(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.activation = F.relu if cfg.activation == "relu" else F.gelu
+        self.dropout = nn.Dropout(cfg.activation_dropout)
+        for fc in (self.fc1, self.fc2):
+            nn.init.xavier_uniform_(fc.weight)
+            if fc.bias is not None:
+                nn.init.zeros_(fc.bias)
+
+    def forward(self, x: Tensor) -> SublayerOut:
+        return self.fc2(self.dropout(self.activation(self.fc1(x)))), None
+
+
+class Residual(nn.Module):
+    """Pre-norm ``x + drop(f(norm(x)))`` or post-norm ``norm(x + drop(f(x)))`` around a sublayer."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
+        self.dropout = nn.Dropout(cfg.dropout)
+        self.norm_first = cfg.norm_first
+
+    def forward(self, x: Tensor, sublayer: Callable[[Tensor], SublayerOut]) -> SublayerOut:
+        if self.norm_first:
+            y, weights = sublayer(self.norm(x))
+            return x + self.dropout(y), weights
+        y, weights = sublayer(x)
+        return self.norm(x + self.dropout(y)), weights
+
+
+def _attention(cfg: TransformerConfig, cross: bool = False) -> MultiheadAttention:
+    return MultiheadAttention(
+        cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cross=cross,
+        dropout=cfg.attention_dropout, bias=cfg.bias,
+    )  # fmt: skip
+
+
+def _final_norm(cfg: TransformerConfig) -> nn.Module:
+    # Pre-norm leaves the residual stream unnormalised; post-norm layers already end in a norm.
+    return nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps) if cfg.norm_first else nn.Identity()
+
+
+class EncoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = _attention(cfg)
+        self.ffn = FeedForward(cfg)
+        self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
+
+    def forward(self, x: Tensor, pad_mask: Tensor | None, need_weights: bool) -> SublayerOut:
+        x, weights = self.attn_block(
+            x, lambda h: self.self_attn(h, key_padding_mask=pad_mask, need_weights=need_weights)
+        )
+        x, _ = self.ffn_block(x, self.ffn)
+        return x, weights
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.self_attn = _attention(cfg)
+        self.cross_attn = _attention(cfg, cross=True)
+        self.ffn = FeedForward(cfg)
+        self.self_block, self.cross_block = Residual(cfg), Residual(cfg)
+        self.ffn_block = Residual(cfg)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        memory_pad_mask: Tensor | None,
+        self_cache: KVCache | None,
+        cross_cache: KVCache | None,
+        need_weights: bool,
+    ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        # Targets are right-padded, so causality alone keeps every real query off padded keys;
+        # padded queries attend to something harmless and their outputs are ignored by the loss.
+        x, self_w = self.self_block(
+            x, lambda h: self.self_attn(h, causal=True, cache=self_cache, need_weights=need_weights)
+        )
+        x, cross_w = self.cross_block(
+            x,
+            lambda h: self.cross_attn(
+                h,
+                memory,
+                key_padding_mask=memory_pad_mask,
+                cache=cross_cache,
+                need_weights=need_weights,
+            ),  # fmt: skip
+        )
+        x, _ = self.ffn_block(x, self.ffn)
+        return x, self_w, cross_w
+
+
+class Encoder(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
+        self.norm = _final_norm(cfg)
+
+    def forward(
+        self, x: Tensor, pad_mask: Tensor | None, weights: list[Tensor] | None = None
+    ) -> Tensor:
+        """x (B, S, D) -> (B, S, D); appends each layer's (B, H, S, S) weights to ``weights``."""
+        for layer in self.layers:
+            x, w = layer(x, pad_mask, need_weights=weights is not None)
+            if weights is not None:
+                weights.append(w)
+        return self.norm(x)
+
+
+class Decoder(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
+        self.norm = _final_norm(cfg)
+
+    def forward(
+        self,
+        x: Tensor,
+        memory: Tensor | None,
+        memory_pad_mask: Tensor | None,
+        cache: DecoderCache | None = None,
+        self_weights: list[Tensor] | None = None,
+        cross_weights: list[Tensor] | None = None,
+    ) -> Tensor:
+        """x (B, T, D) -> (B, T, D); appends (B, H, T, T') and (B, H, T, S) weights to the lists.
+
+        With a cache, ``memory`` and its mask come from the cache and T' counts cached steps too.
+        """
+        need_weights = self_weights is not None
+        if cache is not None:
+            memory_pad_mask = cache.memory_pad_mask
+        for i, layer in enumerate(self.layers):
+            self_cache = cache.self_attn[i] if cache is not None else None
+            cross_cache = cache.cross_attn[i] if cache is not None else None
+            x, self_w, cross_w = layer(
+                x, memory, memory_pad_mask, self_cache, cross_cache, need_weights
+            )
+            if need_weights:
+                self_weights.append(self_w)
+                cross_weights.append(cross_w)
+        return self.norm(x)

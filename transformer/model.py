@@ -1,0 +1,108 @@
+"""The encoder-decoder Transformer: embeddings, layer stacks, output projection.
+
+Initialisation (stated, as in fairseq's transformer): token embeddings ~ N(0, d_model^-1/2) with a
+zero padding row, so that embedding * sqrt(d_model) has unit scale; every projection matrix
+Xavier-uniform (Q, K and V each as its own matrix); biases zero; LayerNorm weight 1 and bias 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from torch import Tensor, nn
+
+from transformer.cache import DecoderCache
+from transformer.config import TransformerConfig
+from transformer.embedding import TransformerEmbedding
+from transformer.layers import Decoder, Encoder
+from transformer.masks import padding_mask
+
+
+@dataclass
+class AttentionMaps:
+    """Per-layer attention weights, each (B, H, Tq, Tk); filled when passed to a forward call."""
+
+    encoder_self: list[Tensor] = field(default_factory=list)
+    decoder_self: list[Tensor] = field(default_factory=list)
+    cross: list[Tensor] = field(default_factory=list)
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.cfg = cfg
+        src_tokens = self._embedding(cfg.src_vocab_size)
+        tgt_tokens = src_tokens if cfg.share_all_embeddings else self._embedding(cfg.tgt_vocab_size)
+        self.src_embed = TransformerEmbedding(src_tokens, cfg.max_positions, cfg.dropout)
+        self.tgt_embed = TransformerEmbedding(tgt_tokens, cfg.max_positions, cfg.dropout)
+        self.encoder = Encoder(cfg)
+        self.decoder = Decoder(cfg)
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        if cfg.tie_output_embeddings or cfg.share_all_embeddings:
+            self.output.weight = tgt_tokens.weight
+        else:
+            nn.init.normal_(self.output.weight, std=cfg.d_model**-0.5)
+
+    def _embedding(self, vocab_size: int) -> nn.Embedding:
+        emb = nn.Embedding(vocab_size, self.cfg.d_model, padding_idx=self.cfg.pad_id)
+        nn.init.normal_(emb.weight, std=self.cfg.d_model**-0.5)
+        nn.init.zeros_(emb.weight[self.cfg.pad_id])
+        return emb
+
+    def encode(
+        self,
+        src: Tensor,
+        src_pad_mask: Tensor | None = None,
+        attention: AttentionMaps | None = None,
+    ) -> Tensor:
+        """src (B, S) token ids -> memory (B, S, D). The mask defaults to ``src == pad_id``."""
+        if src_pad_mask is None:
+            src_pad_mask = padding_mask(src, self.cfg.pad_id)
+        weights = attention.encoder_self if attention is not None else None
+        return self.encoder(self.src_embed(src), src_pad_mask, weights)
+
+    def init_cache(self, memory: Tensor, memory_pad_mask: Tensor | None) -> DecoderCache:
+        """A cache for incremental decoding with every layer's cross-attention K/V computed now."""
+        cache = DecoderCache.empty(self.cfg.num_decoder_layers, memory_pad_mask)
+        for layer, cross in zip(self.decoder.layers, cache.cross_attn, strict=True):
+            cross.append(*layer.cross_attn.project_kv(memory))
+        return cache
+
+    def decode(
+        self,
+        tgt: Tensor,
+        memory: Tensor | None = None,
+        memory_pad_mask: Tensor | None = None,
+        cache: DecoderCache | None = None,
+        attention: AttentionMaps | None = None,
+    ) -> Tensor:
+        """Decoder input ids (B, T) -> logits (B, T, V).
+
+        Without a cache: ``tgt`` is the whole (right-padded) decoder input and ``memory`` the
+        encoder output. With a cache from :meth:`init_cache`: ``tgt`` holds only the new steps,
+        positions continue from ``cache.offset``, and memory and its mask come from the cache.
+        """
+        if cache is None and memory is None:
+            raise ValueError("decode needs the encoder output `memory`, or a cache from init_cache")
+        offset = cache.offset if cache is not None else 0
+        self_w, cross_w = (attention.decoder_self, attention.cross) if attention else (None, None)
+        x = self.decoder(
+            self.tgt_embed(tgt, offset), memory, memory_pad_mask, cache, self_w, cross_w
+        )  # (B, T, D)
+        return self.output(x)  # (B, T, V)
+
+    def forward(
+        self,
+        src: Tensor,
+        tgt: Tensor,
+        src_pad_mask: Tensor | None = None,
+        attention: AttentionMaps | None = None,
+    ) -> Tensor:
+        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T)."""
+        if src_pad_mask is None:
+            src_pad_mask = padding_mask(src, self.cfg.pad_id)
+        memory = self.encode(src, src_pad_mask, attention)
+        return self.decode(tgt, memory, src_pad_mask, attention=attention)
+
+    def num_parameters(self) -> int:
+        return sum(p.numel() for p in self.parameters())
