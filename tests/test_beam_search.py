@@ -1,0 +1,169 @@
+"""Beam search: exact hypotheses from a scripted decoder, and agreement checks on a real model."""
+
+import math
+
+import pytest
+import torch
+
+from transformer import Transformer, TransformerConfig
+from transformer.decoding import beam_search
+
+PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
+V = 7
+
+
+class ScriptedCache:
+    """Tracks each row's generated tokens; reordered like the real cache."""
+
+    def __init__(self, rows: int) -> None:
+        self.prefixes: list[tuple[int, ...]] = [()] * rows
+        self.offset = 0
+
+    def reorder(self, index: torch.Tensor) -> None:
+        self.prefixes = [self.prefixes[i] for i in index.tolist()]
+
+
+class ScriptedModel:
+    """A decoder whose next-token distribution is written by hand for each prefix.
+
+    Prefixes missing from the script end at once (eos with probability 1).
+    """
+
+    def __init__(self, script: dict[tuple[int, ...], dict[int, float]]) -> None:
+        self.script = script
+        self.cfg = TransformerConfig(V, V, d_model=8, num_heads=1, pad_id=PAD)
+
+    def encode(self, src, src_pad_mask=None):
+        return torch.zeros(src.size(0), 1)
+
+    def init_cache(self, memory, memory_pad_mask):
+        return ScriptedCache(memory.size(0))
+
+    def decode(self, tokens, cache):
+        if cache.offset:
+            cache.prefixes = [
+                p + (t,) for p, t in zip(cache.prefixes, tokens[:, 0].tolist(), strict=True)
+            ]
+        cache.offset += 1
+        probs = torch.full((tokens.size(0), V), 1e-12)
+        for row, prefix in enumerate(cache.prefixes):
+            for token, p in self.script.get(prefix, {EOS: 1.0}).items():
+                probs[row, token] = p
+        return probs.log().unsqueeze(1)  # (N, 1, V)
+
+
+def search(script, **kwargs):
+    src = torch.tensor([[A, B, C]])
+    return beam_search(ScriptedModel(script), src, bos_id=BOS, eos_id=EOS, **kwargs)[0]
+
+
+def test_beam_finds_the_likelier_translation_that_greedy_misses() -> None:
+    script = {(): {A: 0.6, B: 0.4}, (A,): {EOS: 0.4, A: 0.3, B: 0.3}, (B,): {EOS: 0.9, A: 0.1}}
+    greedy = search(script, beam_size=1)
+    assert [h.tokens for h in greedy] == [[A]]
+    beam = search(script, beam_size=2, nbest=2, len_penalty=0.0)
+    assert [h.tokens for h in beam] == [[B], [A]]
+    assert [h.score for h in beam] == pytest.approx([math.log(0.36), math.log(0.24)], abs=1e-6)
+
+
+@pytest.mark.parametrize(("len_penalty", "expected"), [(0.0, [[A], [B, C]]), (1.0, [[B, C], [A]])])
+def test_length_penalty_orders_finished_hypotheses(len_penalty: float, expected) -> None:
+    # "A" has probability 0.55 over 2 tokens (with eos); "B C" 0.45 over 3.
+    script = {(): {A: 0.55, B: 0.45}, (A,): {EOS: 1.0}, (B,): {C: 1.0}, (B, C): {EOS: 1.0}}
+    hyps = search(script, beam_size=2, nbest=2, len_penalty=len_penalty)
+    assert [h.tokens for h in hyps] == expected
+    scores = {(A,): math.log(0.55) / 2**len_penalty, (B, C): math.log(0.45) / 3**len_penalty}
+    assert [h.score for h in hyps] == pytest.approx([scores[tuple(t)] for t in expected], abs=1e-6)
+
+
+def test_min_and_max_length() -> None:
+    # Raw probabilities: "A" 0.33, "A A" 0.027, "A A A" 0.243, "B" 0.2, "B B" 0.2.
+    script = {
+        (): {A: 0.6, B: 0.4},
+        (A,): {EOS: 0.55, A: 0.45},
+        (B,): {EOS: 0.5, B: 0.5},
+        (A, A): {EOS: 0.1, A: 0.9},
+    }
+    options = dict(beam_size=2, nbest=2, len_penalty=0.0)
+    assert [h.tokens for h in search(script, **options)] == [[A], [B, B]]
+    assert [h.tokens for h in search(script, min_len=2, **options)] == [[A, A, A], [B, B]]
+    # At most 1 token: every beam's eos is forced, at its own log-probability.
+    forced = search(script, max_len_a=0.0, max_len_b=1, **options)
+    assert [h.tokens for h in forced] == [[A], [B]]
+    assert [h.score for h in forced] == pytest.approx([math.log(0.33), math.log(0.2)], abs=1e-6)
+    endless = {(A,) * n: {A: 0.9, EOS: 0.1} for n in range(20)}
+    longest = search(endless, beam_size=1, max_len_a=2.0, max_len_b=1)  # 2 * 3 source + 1
+    assert [len(h.tokens) for h in longest] == [7]
+
+
+def test_no_repeat_ngram() -> None:
+    script = {
+        (): {A: 0.9, B: 0.1},
+        (A,): {B: 0.9, A: 0.1},
+        (A, B): {A: 0.9, EOS: 0.1},
+        (A, B, A): {B: 0.9, EOS: 0.1},
+    }
+    assert [h.tokens for h in search(script, beam_size=1)] == [[A, B, A, B]]
+    assert [h.tokens for h in search(script, beam_size=1, no_repeat_ngram_size=1)] == [[A, B]]
+    assert [h.tokens for h in search(script, beam_size=1, no_repeat_ngram_size=2)] == [[A, B, A]]
+
+
+def test_invalid_options_raise() -> None:
+    with pytest.raises(ValueError, match="nbest=3 must be between 1 and beam_size=2"):
+        search({}, beam_size=2, nbest=3)
+
+
+# A real (untrained) model: agreement between decoding paths.
+
+
+def random_model() -> Transformer:
+    cfg = TransformerConfig(
+        40, 40, d_model=32, num_heads=4, num_kv_heads=2, num_encoder_layers=2,
+        num_decoder_layers=2, d_ff=64, share_all_embeddings=True,
+    )  # fmt: skip
+    return Transformer(cfg).eval()
+
+
+def sources() -> torch.Tensor:
+    src = torch.randint(4, 40, (4, 7))
+    src[1, 5:] = PAD
+    src[3, 2:] = PAD
+    return src
+
+
+def brute_force_greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[list[int]]:
+    """Re-run the full model on the whole prefix at every step, one sentence at a time."""
+    out = []
+    for row in src:
+        row = row[row.ne(PAD)].unsqueeze(0)
+        prefix = [BOS]
+        while len(prefix) <= max_len:  # bos + max_len tokens
+            logits = model(row, torch.tensor([prefix]))[0, -1]
+            logits[[PAD, BOS]] = float("-inf")
+            token = int(logits.argmax())
+            if token == EOS:
+                break
+            prefix.append(token)
+        out.append(prefix[1:])
+    return out
+
+
+def test_beam_size_one_equals_greedy() -> None:
+    model, src = random_model(), sources()
+    hyps = beam_search(
+        model, src, bos_id=BOS, eos_id=EOS, beam_size=1, min_len=0, max_len_a=0, max_len_b=12
+    )
+    assert [h[0].tokens for h in hyps] == [toks[:12] for toks in brute_force_greedy(model, src, 12)]
+
+
+def test_cached_equals_uncached_and_batched_equals_alone() -> None:
+    model, src = random_model(), sources()
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=4, nbest=4, max_len_b=8)
+    cached = beam_search(model, src, **options)
+    uncached = beam_search(model, src, use_cache=False, **options)
+    for a, b in zip(cached, uncached, strict=True):
+        assert [h.tokens for h in a] == [h.tokens for h in b]
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
+    for i, row in enumerate(src):
+        alone = beam_search(model, row[row.ne(PAD)].unsqueeze(0), **options)[0]
+        assert [h.tokens for h in alone] == [h.tokens for h in cached[i]]
