@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+import torch.distributed as dist
 
 from transformer.data.collate import round_up
 from transformer.data.sampler import TokenBudgetBatchSampler
@@ -89,6 +90,17 @@ def test_ddp_shards_are_disjoint_cover_and_equal(n, world):
             assert sorted(seen) == list(range(n))  # no overlap, nothing dropped
         else:
             assert set(seen) == set(range(n))
+
+
+def test_rank_and_world_size_come_from_torch_distributed(monkeypatch):
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda: 3)
+    monkeypatch.setattr(dist, "get_rank", lambda: 1)
+    src, tgt = sizes(100)
+    s = TokenBudgetBatchSampler(src, tgt, max_tokens=300, seed=0)
+    assert (s.num_replicas, s.rank) == (3, 1)
+    explicit = TokenBudgetBatchSampler(src, tgt, max_tokens=300, seed=0, num_replicas=3, rank=1)
+    assert list(s) == list(explicit)
 
 
 def test_exact_mid_epoch_resume():
