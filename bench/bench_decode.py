@@ -1,0 +1,142 @@
+"""Beam-search speed: our cached decoder, our uncached decoder, Hugging Face MarianMTModel.
+
+Sources are the real sentences of a Multi30k split, tokenized by the data pipeline (a joint
+SentencePiece model trained on its training split); the models have the same sizes and random
+weights. Random weights rarely choose eos, so every system is made to produce exactly
+``--length`` tokens (eos banned before, forced after): each does the same work. Systems alternate
+batch by batch; the table gives sentences/s and the ratios.
+
+    pip install transformers   # only for the MarianMTModel column
+    python bench/bench_decode.py --root ../shared/data/multi30k
+    python bench/bench_decode.py --root DIR --limit 200 --no-uncached
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+import torch
+
+from transformer import Transformer, TransformerConfig
+from transformer.data.datamodule import TranslationDataModule
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.decoding import beam_search
+
+
+def source_batches(args: argparse.Namespace, device: torch.device) -> list[torch.Tensor]:
+    dm = TranslationDataModule(
+        root=args.root, src_lang=args.src_lang, tgt_lang=args.tgt_lang,
+        vocab_size=args.vocab, cache_dir=args.cache_dir, num_workers=0,
+    )  # fmt: skip
+    dm.prepare_data()
+    dm.setup()
+    lines = dm.sources(args.split)[: args.limit]
+    ids = [dm.src_tokenizer.encode(line) + [EOS_ID] for line in lines]
+    batches = []
+    for i in range(0, len(ids), args.batch):
+        chunk = ids[i : i + args.batch]
+        src = torch.full((len(chunk), max(map(len, chunk))), PAD_ID)
+        for row, seq in enumerate(chunk):
+            src[row, : len(seq)] = torch.tensor(seq)
+        batches.append(src.to(device))
+    return batches
+
+
+def marian(cfg: TransformerConfig):
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(
+        vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.num_encoder_layers,
+        decoder_layers=cfg.num_decoder_layers, encoder_attention_heads=cfg.num_heads,
+        decoder_attention_heads=cfg.num_heads, encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff, max_position_embeddings=cfg.max_positions,
+        pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
+        forced_eos_token_id=EOS_ID, scale_embedding=True, share_encoder_decoder_embeddings=True,
+    )  # fmt: skip
+    return MarianMTModel(config)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("--root", default=os.environ.get("MULTI30K_DIR", "data/multi30k"))
+    p.add_argument("--split", default="test_2016_flickr")
+    p.add_argument("--src-lang", default="en")
+    p.add_argument("--tgt-lang", default="de")
+    p.add_argument("--cache-dir", default="data/cache")
+    p.add_argument("--limit", type=int, default=None, help="first N sentences only")
+    p.add_argument("--batch", type=int, default=50, help="sentences per batch")
+    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--length", type=int, default=25, help="tokens each system must produce")
+    p.add_argument("--d-model", type=int, default=512)
+    p.add_argument("--heads", type=int, default=8)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--d-ff", type=int, default=2048)
+    p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--no-uncached", action="store_true", help="skip our uncached decoder")
+    p.add_argument("--no-marian", action="store_true", help="skip MarianMTModel")
+    args = p.parse_args()
+
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    torch.manual_seed(0)
+    cfg = TransformerConfig(
+        args.vocab, args.vocab, d_model=args.d_model, num_heads=args.heads,
+        num_encoder_layers=args.layers, num_decoder_layers=args.layers, d_ff=args.d_ff,
+        share_all_embeddings=True,
+    )  # fmt: skip
+    ours = Transformer(cfg).to(device).eval()
+    n = args.length
+    options = dict(
+        bos_id=BOS_ID, eos_id=EOS_ID, beam_size=args.beam, min_len=n, max_len_a=0.0, max_len_b=n
+    )
+    systems = {"ours, cached": lambda src: beam_search(ours, src, **options)}
+    if not args.no_uncached:
+        systems["ours, uncached"] = lambda src: beam_search(ours, src, use_cache=False, **options)
+    if not args.no_marian:
+        hf = marian(cfg).to(device).eval()
+
+        def hf_generate(src: torch.Tensor):
+            with torch.no_grad():
+                return hf.generate(
+                    input_ids=src, attention_mask=src.ne(PAD_ID), num_beams=args.beam,
+                    max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False,
+                )  # fmt: skip
+
+        systems["MarianMTModel.generate"] = hf_generate
+
+    batches = source_batches(args, device)
+    systems_time = {name: 0.0 for name in systems}
+    per_batch = {name: [] for name in systems}
+    for src in [batches[0]] + batches:  # the first batch twice: warm-up, not timed
+        for name, run in systems.items():
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            start = time.perf_counter()
+            run(src)
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+            per_batch[name].append(time.perf_counter() - start)
+    for name in systems:
+        per_batch[name] = per_batch[name][1:]
+        systems_time[name] = sum(per_batch[name])
+
+    sentences = sum(b.size(0) for b in batches)
+    print(
+        f"device={device} threads={torch.get_num_threads()} split={args.split} "
+        f"sentences={sentences} batch={args.batch} beam={args.beam} tokens/sentence={n} "
+        f"d_model={args.d_model} layers={args.layers}+{args.layers} vocab={args.vocab}"
+    )
+    print("| system | seconds | sentences/s |")
+    print("|---|---|---|")
+    for name, seconds in systems_time.items():
+        print(f"| {name} | {seconds:.1f} | {sentences / seconds:.1f} |")
+    for name in list(systems)[1:]:
+        ratios = [b / a for a, b in zip(per_batch["ours, cached"], per_batch[name], strict=True)]
+        print(f"speed-up of ours, cached over {name}: {statistics.median(ratios):.2f}x "
+              f"(median of per-batch ratios)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
