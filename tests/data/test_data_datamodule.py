@@ -1,0 +1,224 @@
+"""TranslationDataModule end to end on tiny corpora: batches, caching, sources, bad input."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import datasets
+import pytest
+import torch
+from conftest import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from transformer.data import datamodule as dm_module
+from transformer.data.collate import Batch
+from transformer.data.sources import DataError
+from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+
+CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
+
+
+def build(**kwargs) -> dm_module.TranslationDataModule:
+    dm = dm_module.TranslationDataModule(**kwargs)
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def ids_of(loader) -> list[int]:
+    return [i for b in loader for i in b.ids.tolist()]
+
+
+def test_local_corpus_end_to_end(corpus_dir, dm_kwargs):
+    dm = build(source="local", root=str(corpus_dir), pad_to_multiple=8, **dm_kwargs)
+    assert dm.src_vocab_size == dm.tgt_vocab_size == TINY_VOCAB == dm.src_tokenizer.vocab_size
+    assert dm.src_tokenizer is dm.tgt_tokenizer and dm.pad_id == PAD_ID
+    refs = dm.references("train")
+    n_batches = 0
+    for b in dm.train_dataloader():
+        n_batches += 1
+        assert isinstance(b, Batch)
+        assert b.src.numel() <= 256 and b.tgt_in.numel() <= 256  # the token budget
+        assert b.src.shape[1] % 8 == 0 and b.tgt_in.shape[1] % 8 == 0
+        row = 0
+        assert dm.tgt_tokenizer.decode(b.labels[row].tolist()) == refs[int(b.ids[row])]
+    assert n_batches == len(dm.train_dataloader().batch_sampler)
+    assert sorted(ids_of(dm.train_dataloader())) == list(range(SPLIT_SIZES["train"]))
+    # evaluation splits are whole and ids index the references in corpus order
+    for split in ("val", "test"):
+        assert sorted(ids_of(getattr(dm, f"{split}_dataloader")())) == list(
+            range(SPLIT_SIZES[split])
+        )
+    b = next(iter(dm.val_dataloader()))
+    row = int(b.ids[0])
+    src_ids = [t for t in b.src[0].tolist() if t not in (PAD_ID, EOS_ID)]
+    assert dm.src_tokenizer.decode(src_ids) == dm.sources("val")[row]
+    assert dm.tgt_tokenizer.decode(b.labels[0].tolist()) == dm.references("val")[row]
+
+
+def test_second_run_loads_the_cache_without_tokenizing(corpus_dir, dm_kwargs, monkeypatch):
+    calls = []
+    encode_batch = Tokenizer.encode_batch
+
+    def counting(self, texts):
+        calls.append(len(texts))
+        return encode_batch(self, texts)
+
+    monkeypatch.setattr(Tokenizer, "encode_batch", counting)
+    first = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert sum(calls) == 2 * sum(SPLIT_SIZES.values())  # both sides of every split, once
+
+    calls.clear()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("the tokenizer was trained again")
+
+    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    second = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert calls == []
+    assert ids_of(second.val_dataloader()) == ids_of(first.val_dataloader())
+    assert second.src_tokenizer.model_path == first.src_tokenizer.model_path
+
+    # a changed setting or changed data is tokenized again
+    build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 63})
+    assert sum(calls) == 2 * SPLIT_SIZES["train"]
+    calls.clear()
+    en, de = make_pairs(SPLIT_SIZES["test"], 99)
+    write_lines(corpus_dir / "test.en", en)
+    write_lines(corpus_dir / "test.de", de)
+    build(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert sum(calls) == 2 * SPLIT_SIZES["test"]
+
+
+def test_line_count_mismatch_fails_before_tokenizer_training(corpus_dir, dm_kwargs, monkeypatch):
+    en, _ = make_pairs(SPLIT_SIZES["val"] + 2, 5)
+    write_lines(corpus_dir / "val.en", en)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("trained a tokenizer on data that failed its checks")
+
+    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    with pytest.raises(DataError) as err:
+        build(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert "val.en has 32 lines" in str(err.value) and "val.de has 30" in str(err.value)
+
+
+def test_non_utf8_training_file(corpus_dir, dm_kwargs):
+    path = corpus_dir / "train.de"
+    path.write_bytes(path.read_bytes() + "Straße\n".encode("cp1252"))
+    (corpus_dir / "train.en").write_bytes((corpus_dir / "train.en").read_bytes() + b"Street\n")
+    with pytest.raises(DataError, match=r"train.de, line 301: bytes that are not UTF-8"):
+        build(source="local", root=str(corpus_dir), **dm_kwargs)
+
+
+def test_nothing_left_after_filtering_says_which_filter(corpus_dir, dm_kwargs):
+    with pytest.raises(DataError, match=r"max_len=1 filter removed 300"):
+        build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 1})
+    en, _ = make_pairs(SPLIT_SIZES["train"], 0)
+    write_lines(corpus_dir / "train.de", [""] * SPLIT_SIZES["train"])
+    with pytest.raises(DataError, match=r"empty-side filter removed 300 of 300"):
+        build(source="local", root=str(corpus_dir), **dm_kwargs)
+
+
+def test_empty_and_overlong_training_pairs_are_dropped(corpus_dir, dm_kwargs, caplog):
+    en, de = make_pairs(SPLIT_SIZES["train"], 0)
+    en[3], de[10] = "", "  "
+    en[20] = " ".join(["dog"] * 80)
+    write_lines(corpus_dir / "train.en", en)
+    write_lines(corpus_dir / "train.de", de)
+    with caplog.at_level("INFO"):
+        dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert "kept 297 of 300 pairs; dropped 2 with an empty side, 1 longer than max_len=64" in (
+        caplog.text
+    )
+    assert sorted(ids_of(dm.train_dataloader())) == sorted(set(range(300)) - {3, 10, 20})
+
+
+def save_hf_dataset(path: Path) -> None:
+    features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    parts = {}
+    for seed, (split, n) in enumerate((("train", 300), ("validation", 30), ("test", 25))):
+        en, de = make_pairs(n, seed)
+        rows = [{"de": g, "en": e} for e, g in zip(en, de, strict=True)]
+        parts[split] = datasets.Dataset.from_dict({"translation": rows}, features=features)
+    datasets.DatasetDict(parts).save_to_disk(str(path))
+
+
+def test_hub_format_dataset_saved_to_disk(tmp_path, dm_kwargs):
+    save_hf_dataset(tmp_path / "hf")
+    dm = build(
+        source="hf", root=None, hf_path=str(tmp_path / "hf"), src_lang="de", tgt_lang="en",
+        **dm_kwargs,
+    )  # fmt: skip
+    en, de = make_pairs(30, 1)
+    assert dm.sources("val") == de and dm.references("validation") == en
+    assert sorted(ids_of(dm.val_dataloader())) == list(range(30))
+    b = next(iter(dm.train_dataloader()))
+    assert dm.tgt_tokenizer.decode(b.labels[0].tolist()) == dm.references("train")[int(b.ids[0])]
+
+
+def test_separate_vocabularies(corpus_dir, dm_kwargs):
+    dm = build(source="local", root=str(corpus_dir), joint_vocab=False, **dm_kwargs)
+    src, tgt = dm.src_tokenizer, dm.tgt_tokenizer
+    assert src.model_path != tgt.model_path
+    assert src.vocab_size == tgt.vocab_size == TINY_VOCAB
+    assert ".en." in src.model_path.name and ".de." in tgt.model_path.name
+    b = next(iter(dm.val_dataloader()))
+    assert tgt.decode(b.labels[0].tolist()) == dm.references("val")[int(b.ids[0])]
+
+
+def test_datamodule_state_resumes_mid_epoch(corpus_dir, dm_kwargs):
+    dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    loader = dm.train_dataloader()
+    loader.batch_sampler.set_epoch(1)
+    it = iter(loader)
+    [next(it) for _ in range(3)]
+    state = dm.state_dict()
+    rest = [b.ids.tolist() for b in it]
+    assert rest
+
+    resumed = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    resumed.load_state_dict(state)  # Lightning restores before building the loaders
+    loader = resumed.train_dataloader()
+    loader.batch_sampler.set_epoch(1)
+    assert [b.ids.tolist() for b in loader] == rest
+
+
+@pytest.mark.parametrize("name", ["multi30k", "local", "hf"])
+def test_hydra_configs_instantiate(name, multi30k_dir, corpus_dir, tmp_path, dm_kwargs):
+    cfg = OmegaConf.load(CONFIGS / f"{name}.yaml")
+    assert cfg._target_ == "transformer.data.datamodule.TranslationDataModule"
+    assert cfg.vocab_size == 8000 and cfg.joint_vocab is True and cfg.max_tokens == 4096
+    overrides = {**dm_kwargs, "root": str(multi30k_dir if name == "multi30k" else corpus_dir)}
+    if name == "hf":
+        save_hf_dataset(tmp_path / "hf")
+        overrides.update(root=None, hf_path=str(tmp_path / "hf"))
+    dm = instantiate(OmegaConf.merge(cfg, overrides))
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.split("val")) == (SPLIT_SIZES["val"])
+    batch = next(iter(dm.train_dataloader()))
+    assert batch.src.dtype == torch.long
+
+
+def test_multi30k_offline_without_files_names_the_option(tmp_path, dm_kwargs, monkeypatch):
+    monkeypatch.setattr("transformer.data.sources.MULTI30K_URL", "http://127.0.0.1:9")
+    dm = dm_module.TranslationDataModule(root=str(tmp_path / "none"), **dm_kwargs)
+    with pytest.raises(DataError, match=r"data.root=DIR"):
+        dm.prepare_data()
+
+
+def test_real_multi30k(tmp_path):
+    root = os.environ.get("MULTI30K_DIR")
+    if not root or not Path(root, "train.en.gz").exists():
+        pytest.skip("MULTI30K_DIR is not set to a directory with the Multi30k files")
+    dm = build(root=root, num_workers=0, cache_dir=str(tmp_path / "cache"), download=False)
+    assert dm.src_tokenizer.vocab_size == 8000
+    assert len(dm.split("train")) == 29_000
+    assert len(dm.references("val")) == len(dm.split("val")) == 1014
+    assert len(dm.sources("test")) == len(dm.split("test")) == 1000
+    batches = list(dm.train_dataloader())
+    assert all(b.src.numel() <= 4096 and b.tgt_in.numel() <= 4096 for b in batches)
+    assert sum(len(b) for b in batches) == 29_000

@@ -1,0 +1,48 @@
+"""SentencePiece tokenizers: round trip, the project's special ids, exact vocabulary size."""
+
+from __future__ import annotations
+
+import pickle
+
+import pytest
+from conftest import TINY_VOCAB, make_pairs
+
+from transformer.data.sources import DataError
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+
+
+@pytest.mark.parametrize("model_type", ["unigram", "bpe"])
+def test_round_trip_and_special_ids(tmp_path, model_type):
+    en, de = make_pairs(300, 0)
+    tok = train_tokenizer(en + de, tmp_path / "t.model", TINY_VOCAB, model_type)
+    assert tok.vocab_size == TINY_VOCAB
+    assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
+    sp = tok._sp
+    assert (sp.pad_id(), sp.unk_id(), sp.bos_id(), sp.eos_id()) == (0, 1, 2, 3)
+    for text in en[:20] + de[:20]:
+        ids = tok.encode(text)
+        assert ids and min(ids) > EOS_ID  # plain text never encodes to a special id
+        assert tok.decode(ids) == text
+    assert tok.encode_batch(en[:5]) == [tok.encode(t) for t in en[:5]]
+
+
+def test_decode_drops_bos_pad_and_stops_at_eos(tmp_path):
+    en, de = make_pairs(300, 0)
+    tok = train_tokenizer(en + de, tmp_path / "t.model", TINY_VOCAB)
+    ids = tok.encode(en[0])
+    assert tok.decode([BOS_ID, *ids, EOS_ID, *tok.encode(en[1]), PAD_ID]) == en[0]
+    assert tok.decode([BOS_ID, *ids, PAD_ID, PAD_ID]) == en[0]
+
+
+def test_pickles_for_worker_processes(tmp_path):
+    en, de = make_pairs(300, 0)
+    tok = train_tokenizer(en + de, tmp_path / "t.model", TINY_VOCAB)
+    clone = pickle.loads(pickle.dumps(tok))
+    assert clone.encode(en[3]) == tok.encode(en[3])
+
+
+def test_too_large_vocabulary_says_which_option(tmp_path):
+    en, de = make_pairs(30, 0)
+    with pytest.raises(DataError, match="data.vocab_size"):
+        train_tokenizer(en + de, tmp_path / "t.model", 50_000)
+    assert not (tmp_path / "t.model").exists()

@@ -1,0 +1,130 @@
+"""Token ids on disk: tokenize a split once with ``datasets.map``, filter it, save it under a name
+derived from a fingerprint of its inputs, and load it back memory-mapped on later runs."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+from pathlib import Path
+
+import datasets
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from torch.utils.data import Dataset
+
+from transformer.data.collate import Example
+from transformer.data.sources import DataError, ParallelText
+from transformer.data.tokenizer import Tokenizer
+
+log = logging.getLogger(__name__)
+
+# Rows from which tokenizing in several processes pays for their start-up.
+MULTIPROCESS_MIN_ROWS = 500_000
+_IDS = datasets.List(datasets.Value("int32"))
+FEATURES = datasets.Features({"id": datasets.Value("int64"), "src_ids": _IDS, "tgt_ids": _IDS})
+
+
+def fingerprint(*parts: object) -> str:
+    """A short hex digest of JSON-serialisable parts."""
+    blob = json.dumps(parts, sort_keys=True, default=str).encode()
+    return hashlib.sha1(blob).hexdigest()[:16]
+
+
+def file_digest(path: str | os.PathLike) -> str:
+    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:16]
+
+
+class _Encode:
+    """The batched ``datasets.map`` function (a class, so it pickles for worker processes)."""
+
+    def __init__(self, src_tok: Tokenizer, tgt_tok: Tokenizer) -> None:
+        self.src_tok, self.tgt_tok = src_tok, tgt_tok
+
+    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
+        return {
+            "id": batch["id"],
+            "src_ids": self.src_tok.encode_batch(batch["src"]),
+            "tgt_ids": self.tgt_tok.encode_batch(batch["tgt"]),
+        }
+
+
+def build_split(
+    text: ParallelText,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    path: Path,
+    max_len: int | None,
+    name: str,
+) -> None:
+    """Tokenize ``text`` and save it at ``path`` (written under a temporary name, then renamed).
+
+    With ``max_len`` (training), pairs with an empty side and pairs with more than ``max_len``
+    pieces on a side are dropped and counted in the log; without it every pair is kept, so that
+    evaluation covers the whole split in corpus order.
+    """
+    n = len(text.src)
+    ds = datasets.Dataset.from_dict({"id": np.arange(n), "src": text.src, "tgt": text.tgt})
+    ds = ds.map(
+        _Encode(src_tok, tgt_tok),
+        batched=True,
+        batch_size=10_000,
+        remove_columns=["src", "tgt"],
+        features=FEATURES,
+        num_proc=min(os.cpu_count() or 1, 8) if n >= MULTIPROCESS_MIN_ROWS else None,
+        new_fingerprint=path.name,
+        desc=f"tokenizing {name}",
+    )
+    if max_len is not None:
+        src_len = pc.list_value_length(ds.data.column("src_ids")).to_numpy()
+        tgt_len = pc.list_value_length(ds.data.column("tgt_ids")).to_numpy()
+        empty = (src_len == 0) | (tgt_len == 0)
+        too_long = ~empty & ((src_len > max_len) | (tgt_len > max_len))
+        keep = np.flatnonzero(~(empty | too_long))
+        log.info(
+            "%s: kept %d of %d pairs; dropped %d with an empty side, %d longer than max_len=%d",
+            name, len(keep), n, int(empty.sum()), int(too_long.sum()), max_len,
+        )  # fmt: skip
+        if len(keep) == 0:
+            raise DataError(
+                f"no pairs left in {name} ({text.origin}) after filtering: the empty-side filter "
+                f"removed {int(empty.sum())} of {n} pairs and the max_len={max_len} filter removed "
+                f"{int(too_long.sum())}; check the files or raise data.max_len"
+            )
+        if len(keep) < n:
+            ds = ds.select(keep)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    ds.save_to_disk(str(tmp))
+    os.replace(tmp, path)
+
+
+class TokenizedSplit(Dataset):
+    """A tokenized split held as flat id arrays and offsets; ``split[i]`` is an :data:`Example`."""
+
+    def __init__(self, ids: np.ndarray, src: pa.ListArray, tgt: pa.ListArray) -> None:
+        self.ids = ids
+        self._src_off, self._src = src.offsets.to_numpy(), src.values.to_numpy()
+        self._tgt_off, self._tgt = tgt.offsets.to_numpy(), tgt.values.to_numpy()
+        self.src_lens = np.diff(self._src_off)
+        self.tgt_lens = np.diff(self._tgt_off)
+
+    @classmethod
+    def load(cls, path: Path) -> TokenizedSplit:
+        table = datasets.load_from_disk(str(path)).data
+        return cls(
+            table.column("id").to_numpy(),
+            table.column("src_ids").combine_chunks(),
+            table.column("tgt_ids").combine_chunks(),
+        )
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> Example:
+        s0, s1 = self._src_off[i], self._src_off[i + 1]
+        t0, t1 = self._tgt_off[i], self._tgt_off[i + 1]
+        return int(self.ids[i]), self._src[s0:s1], self._tgt[t0:t1]

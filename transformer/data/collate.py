@@ -1,0 +1,100 @@
+"""Batches: padded source, decoder input (bos + y), labels (y + eos) and padding masks."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+import numpy as np
+import torch
+from torch import Tensor
+
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.masks import padding_mask
+
+# One example as the dataset gives it: (index in the split, source piece ids, target piece ids),
+# the ids without bos/eos.
+Example = tuple[int, np.ndarray, np.ndarray]
+
+
+@dataclass
+class Batch:
+    """A padded batch. Masks are True at padding (see :mod:`transformer.masks`).
+
+    ``src`` is ``x + eos``; ``tgt_in`` is ``bos + y`` and ``labels`` is ``y + eos``, both padded
+    with ``pad_id`` to the same length, so ``labels[:, t]`` is what the decoder predicts after
+    reading ``tgt_in[:, : t + 1]``. ``ids`` are the examples' indices in their split (corpus
+    order), so outputs can be put back in corpus order.
+    """
+
+    src: Tensor  # (B, S) long
+    tgt_in: Tensor  # (B, T) long
+    labels: Tensor  # (B, T) long
+    src_pad_mask: Tensor  # (B, S) bool, True at padding
+    tgt_pad_mask: Tensor  # (B, T) bool, True at padding of tgt_in
+    num_tgt_tokens: int  # non-pad labels
+    ids: Tensor  # (B,) long
+
+    def __len__(self) -> int:
+        return self.src.shape[0]
+
+    def pin_memory(self) -> Batch:
+        """Called by ``DataLoader(pin_memory=True)``."""
+        return replace(
+            self,
+            **{
+                f.name: getattr(self, f.name).pin_memory()
+                for f in fields(self)
+                if _is_tensor(self, f)
+            },
+        )
+
+
+def _is_tensor(batch: Batch, f) -> bool:
+    return isinstance(getattr(batch, f.name), Tensor)
+
+
+def round_up(n: int, multiple: int) -> int:
+    return -(-n // multiple) * multiple
+
+
+def padded_sizes(src_len: int, tgt_len: int) -> tuple[int, int]:
+    """Lengths of one example's rows in a batch: ``x + eos`` and ``bos + y`` (= ``y + eos``)."""
+    return src_len + 1, tgt_len + 1
+
+
+class Collator:
+    """Turns a list of :data:`Example` into a :class:`Batch`; picklable for DataLoader workers."""
+
+    def __init__(self, pad_to_multiple: int = 1, pad_id: int = PAD_ID) -> None:
+        if pad_to_multiple < 1:
+            raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
+        self.pad_to_multiple = pad_to_multiple
+        self.pad_id = pad_id
+
+    def __call__(self, examples: list[Example]) -> Batch:
+        n = len(examples)
+        s_len = round_up(max(len(s) for _, s, _ in examples) + 1, self.pad_to_multiple)
+        t_len = round_up(max(len(t) for _, _, t in examples) + 1, self.pad_to_multiple)
+        src = np.full((n, s_len), self.pad_id, dtype=np.int64)
+        tgt_in = np.full((n, t_len), self.pad_id, dtype=np.int64)
+        labels = np.full((n, t_len), self.pad_id, dtype=np.int64)
+        ids = np.empty(n, dtype=np.int64)
+        for row, (i, s, t) in enumerate(examples):
+            ids[row] = i
+            src[row, : len(s)] = s
+            src[row, len(s)] = EOS_ID
+            tgt_in[row, 0] = BOS_ID
+            tgt_in[row, 1 : len(t) + 1] = t
+            labels[row, : len(t)] = t
+            labels[row, len(t)] = EOS_ID
+        src_t, tgt_in_t, labels_t = map(torch.from_numpy, (src, tgt_in, labels))
+        labels_mask = padding_mask(labels_t, self.pad_id)
+        return Batch(
+            src=src_t,
+            tgt_in=tgt_in_t,
+            labels=labels_t,
+            src_pad_mask=padding_mask(src_t, self.pad_id),
+            tgt_pad_mask=padding_mask(tgt_in_t, self.pad_id),
+            num_tgt_tokens=int((~labels_mask).sum()),
+            ids=torch.from_numpy(ids),
+        )

@@ -1,0 +1,316 @@
+"""The LightningDataModule: raw parallel text -> SentencePiece -> cached token ids -> batches."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from torch.utils.data import DataLoader
+
+from transformer.data.cache import TokenizedSplit, build_split, file_digest, fingerprint
+from transformer.data.collate import Collator, padded_sizes
+from transformer.data.sampler import TokenBudgetBatchSampler
+from transformer.data.sources import (
+    CorpusSource,
+    DataError,
+    HFSource,
+    LocalSource,
+    Multi30kSource,
+    ParallelText,
+)
+from transformer.data.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer, train_tokenizer
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SPLITS = {
+    "multi30k": ("train", "val", "test_2016_flickr"),
+    "hf": ("train", "validation", "test"),
+    "local": ("train", "val", "test"),
+}
+
+
+class TranslationDataModule(L.LightningDataModule):
+    """Batches of one translation direction of a parallel corpus.
+
+    ``prepare_data`` (once per node) downloads what is missing, reads and checks the raw text,
+    trains the SentencePiece model(s) on the training split and tokenizes every split into
+    ``cache_dir``; a later run with the same data and settings finds all of it there and does none
+    of this work. ``setup`` loads the tokenizers and token ids (building them first if
+    ``prepare_data`` was not called).
+
+    Caches, under ``cache_dir``: ``spm/<corpus>.<langs>.<type><vocab>.<hash>.model`` (the hash
+    covers the training split's identity and the tokenizer settings) and
+    ``tok/<corpus>.<split>.<src>-<tgt>.<hash>/`` (covering the split's identity, the tokenizer
+    files' contents and ``max_len``). A raw file's identity is its path, size and mtime.
+
+    Training pairs with an empty side or more than ``max_len`` pieces on a side are dropped (and
+    counted in the log); validation and test splits are kept whole, in corpus order, so that
+    ``Batch.ids`` index ``references(split)``. Under DDP the trainer needs
+    ``use_distributed_sampler=False``: the batch sampler shards by itself.
+    """
+
+    def __init__(
+        self,
+        source: str = "multi30k",
+        root: str | None = "data/multi30k",
+        src_lang: str = "en",
+        tgt_lang: str = "de",
+        vocab_size: int = 8000,
+        spm_model_type: str = "unigram",
+        joint_vocab: bool = True,
+        max_tokens: int | None = 4096,
+        batch_size: int | None = 64,
+        max_len: int = 128,
+        pad_to_multiple: int = 1,
+        num_workers: int = 2,
+        seed: int = 1234,
+        cache_dir: str = "data/cache",
+        train_split: str | None = None,
+        val_split: str | None = None,
+        test_split: str | None = None,
+        hf_name: str | None = None,
+        hf_config: str | None = None,
+        hf_path: str | None = None,
+        download: bool = True,
+    ) -> None:
+        super().__init__()
+        if source not in DEFAULT_SPLITS:
+            raise ValueError(f"source must be one of {list(DEFAULT_SPLITS)}, got {source!r}")
+        if spm_model_type not in MODEL_TYPES:
+            raise ValueError(f"spm_model_type must be one of {MODEL_TYPES}, got {spm_model_type!r}")
+        if max_len < 1:
+            raise ValueError(f"max_len must be positive, got {max_len}")
+        if max_tokens is not None and max_tokens < max_len + 1:
+            raise ValueError(
+                f"max_tokens={max_tokens} cannot hold one sentence of max_len={max_len} pieces "
+                f"(+1 for bos/eos); raise data.max_tokens or lower data.max_len"
+            )
+        if max_tokens is None and not batch_size:
+            raise ValueError("set data.max_tokens (token budget) or data.batch_size (sentences)")
+        if source in ("multi30k", "local") and root is None:
+            raise ValueError(f"data={source} needs data.root, the directory with the files")
+        self.source_name, self.root = source, root
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+        self.vocab_size, self.spm_model_type, self.joint_vocab = (
+            vocab_size, spm_model_type, joint_vocab,
+        )  # fmt: skip
+        self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
+        self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
+        self.cache_dir = Path(cache_dir)
+        defaults = DEFAULT_SPLITS[source]
+        self.split_names = {
+            "train": train_split or defaults[0],
+            "val": val_split or defaults[1],
+            "test": test_split or defaults[2],
+        }
+        self.hf_name, self.hf_config, self.hf_path = hf_name, hf_config, hf_path
+        self.download = download
+        self._source: CorpusSource | None = None
+        self._splits: dict[str, TokenizedSplit] = {}
+        self._texts: dict[str, ParallelText] = {}
+        self.src_tokenizer: Tokenizer | None = None
+        self.tgt_tokenizer: Tokenizer | None = None
+        self._train_sampler: TokenBudgetBatchSampler | None = None
+        self._sampler_state: dict[str, int] | None = None
+
+    # -- sizes the model needs before setup --------------------------------------------------
+
+    @property
+    def src_vocab_size(self) -> int:
+        return self.vocab_size
+
+    @property
+    def tgt_vocab_size(self) -> int:
+        return self.vocab_size
+
+    @property
+    def pad_id(self) -> int:
+        return PAD_ID
+
+    # -- building ----------------------------------------------------------------------------
+
+    @property
+    def source(self) -> CorpusSource:
+        if self._source is None:
+            if self.source_name == "multi30k":
+                self._source = Multi30kSource(
+                    self.root, self.src_lang, self.tgt_lang, download=self.download
+                )
+            elif self.source_name == "local":
+                self._source = LocalSource(self.root, self.src_lang, self.tgt_lang)
+            else:
+                self._source = HFSource(
+                    self.src_lang, self.tgt_lang, self.hf_name, self.hf_config, self.hf_path
+                )
+        return self._source
+
+    def _split_list(self) -> list[str]:
+        return list(dict.fromkeys(self.split_names.values()))
+
+    def _tokenizer_paths(self, train_identity: str) -> tuple[Path, Path]:
+        settings = (train_identity, self.vocab_size, self.spm_model_type)
+        kind = f"{self.spm_model_type}{self.vocab_size}"
+        spm_dir = self.cache_dir / "spm"
+        if self.joint_vocab:
+            langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
+            path = (
+                spm_dir / f"{self.source.tag}.{langs}.{kind}.{fingerprint(*settings, langs)}.model"
+            )
+            return path, path
+        return tuple(
+            spm_dir / f"{self.source.tag}.{lang}.{kind}.{fingerprint(*settings, lang)}.model"
+            for lang in (self.src_lang, self.tgt_lang)
+        )
+
+    def _split_path(self, split: str, identity: str, tok_digest: str, filtered: bool) -> Path:
+        key = fingerprint(identity, tok_digest, self.max_len if filtered else None)
+        pair = f"{self.src_lang}-{self.tgt_lang}"
+        return self.cache_dir / "tok" / f"{self.source.tag}.{split}.{pair}.{key}"
+
+    def _read(self, split: str) -> ParallelText:
+        if split not in self._texts:
+            self._texts[split] = self.source.read(split)
+        return self._texts[split]
+
+    def _build(self) -> None:
+        """Make sure tokenizers and token-id caches exist, building only what is missing, and
+        load them."""
+        source, splits = self.source, self._split_list()
+        train = self.split_names["train"]
+        source.prepare(splits)
+        identities = {s: source.identity(s) for s in splits}
+        src_path, tgt_path = self._tokenizer_paths(identities[train])
+        need_spm = not (src_path.exists() and tgt_path.exists())
+        if need_spm:
+            # Read (and so check) every split before any tokenizer training.
+            for s in splits:
+                self._read(s)
+            text = self._read(train)
+            if self.joint_vocab:
+                train_tokenizer(text.src + text.tgt, src_path, self.vocab_size, self.spm_model_type)
+            else:
+                for path, side in ((src_path, text.src), (tgt_path, text.tgt)):
+                    if not path.exists():
+                        train_tokenizer(side, path, self.vocab_size, self.spm_model_type)
+        self.src_tokenizer = Tokenizer(src_path)
+        self.tgt_tokenizer = self.src_tokenizer if self.joint_vocab else Tokenizer(tgt_path)
+        for tok in {self.src_tokenizer, self.tgt_tokenizer}:
+            if tok.vocab_size != self.vocab_size:
+                raise DataError(
+                    f"{tok.model_path} has {tok.vocab_size} pieces, not data.vocab_size="
+                    f"{self.vocab_size}; delete it so it is trained again"
+                )
+        tok_digest = "+".join(file_digest(p) for p in (src_path, tgt_path))
+        paths = {
+            s: self._split_path(s, identities[s], tok_digest, filtered=s == train) for s in splits
+        }
+        missing = [s for s in splits if not paths[s].exists()]
+        for s in missing:  # read all first: bad input fails before any tokenizing
+            self._read(s)
+        for s in missing:
+            build_split(
+                self._read(s),
+                self.src_tokenizer,
+                self.tgt_tokenizer,
+                paths[s],
+                self.max_len if s == train else None,
+                f"{source.tag}/{s}",
+            )
+        for s in splits:
+            if s not in missing:
+                log.info("%s/%s: token ids from cache %s", source.tag, s, paths[s])
+            self._splits[s] = TokenizedSplit.load(paths[s])
+
+    def prepare_data(self) -> None:
+        self._build()
+
+    def setup(self, stage: str | None = None) -> None:
+        if not self._splits:
+            self._build()
+
+    # -- loading -----------------------------------------------------------------------------
+
+    def split(self, name: str) -> TokenizedSplit:
+        """The tokenized split for a stage alias (``train``/``val``/``test``) or a split name."""
+        return self._splits[self.split_names.get(name, name)]
+
+    def _sampler(self, data: TokenizedSplit, shuffle: bool) -> TokenBudgetBatchSampler:
+        sizes = padded_sizes(data.src_lens, data.tgt_lens)
+        return TokenBudgetBatchSampler(
+            *sizes,
+            max_tokens=self.max_tokens,
+            batch_size=self.batch_size,
+            shuffle=shuffle,
+            seed=self.seed,
+            pad_to_multiple=self.pad_to_multiple,
+        )
+
+    def _loader(self, data: TokenizedSplit, sampler: TokenBudgetBatchSampler) -> DataLoader:
+        return DataLoader(
+            data,
+            batch_sampler=sampler,
+            collate_fn=Collator(self.pad_to_multiple, PAD_ID),
+            num_workers=self.num_workers,
+            persistent_workers=self.num_workers > 0,
+            pin_memory=torch.cuda.is_available(),
+        )
+
+    def train_dataloader(self) -> DataLoader:
+        self._train_sampler = self._sampler(self.split("train"), shuffle=True)
+        if self._sampler_state is not None:
+            self._train_sampler.load_state_dict(self._sampler_state)
+            self._sampler_state = None
+        return self._loader(self.split("train"), self._train_sampler)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader(self.split("val"), self._sampler(self.split("val"), shuffle=False))
+
+    def test_dataloader(self) -> DataLoader:
+        return self._loader(self.split("test"), self._sampler(self.split("test"), shuffle=False))
+
+    # -- texts for BLEU and translation ------------------------------------------------------
+
+    def references(self, split: str) -> list[str]:
+        """Target-side texts of a split, in corpus order (index = ``Batch.ids``)."""
+        return self._read(self.split_names.get(split, split)).tgt
+
+    def sources(self, split: str) -> list[str]:
+        """Source-side texts of a split, in corpus order (index = ``Batch.ids``)."""
+        return self._read(self.split_names.get(split, split)).src
+
+    # -- checkpointing -----------------------------------------------------------------------
+
+    def state_dict(self) -> dict[str, Any]:
+        """The train sampler's epoch, position and seed.
+
+        During fitting the position is the number of batches the trainer has finished in the
+        current epoch, not the sampler's own count, which runs ahead by the batches that
+        DataLoader workers and Lightning have prefetched.
+        """
+        if self._train_sampler is None:
+            return {"train_sampler": self._sampler_state} if self._sampler_state else {}
+        state = self._train_sampler.state_dict()
+        trainer = self.trainer
+        if trainer is not None and trainer.training:
+            state["epoch"] = trainer.current_epoch
+            state["position"] = trainer.fit_loop.epoch_loop.batch_progress.current.processed
+        return {"train_sampler": state}
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        state = state_dict.get("train_sampler")
+        if state is None:
+            return
+        if self._train_sampler is not None:
+            self._train_sampler.load_state_dict(state)
+        else:
+            self._sampler_state = dict(state)
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.source_name}, {self.src_lang}->{self.tgt_lang}, "
+            f"vocab={self.vocab_size}, root={os.fspath(self.root) if self.root else None})"
+        )

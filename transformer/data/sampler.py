@@ -1,0 +1,146 @@
+"""Length-bucketed batch sampler with a token budget, per-epoch reshuffling, DDP sharding and an
+exact mid-epoch resume.
+
+Each epoch, with a generator seeded by ``(seed, epoch)``: the examples are put in random order and
+then stably sorted by their padded size, so that batches hold sentences of nearly equal length
+(bucketing by length, with random ties); the sorted list is cut greedily into batches that fit the
+budget; the batch order is shuffled. Evaluation (``shuffle=False``) keeps the sorted order.
+
+DDP: all ranks build the same batch list, and rank ``r`` of ``R`` takes batches ``r, r + R, ...``.
+To give every rank the same number of steps without dropping or repeating examples, the list is
+first made a multiple of ``R`` long by splitting its largest batches in two (a part of a batch fits
+the budget whenever the batch does). Only when too few batches can be split (fewer examples than
+ranks) are batches from the start of the list repeated.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+
+import numpy as np
+import torch.distributed as dist
+
+from transformer.data.collate import round_up
+
+
+class TokenBudgetBatchSampler:
+    """Yields lists of example indices.
+
+    Args:
+        src_sizes, tgt_sizes: each example's row length in a batch (source with eos; target with
+            bos, which equals the labels' length with eos).
+        max_tokens: budget per batch counting padding: ``len(batch) * padded length <= max_tokens``
+            on both sides, after rounding lengths up to ``pad_to_multiple``. ``None`` selects the
+            sentence-count mode with ``batch_size`` sentences per batch.
+        batch_size: sentences per batch when ``max_tokens`` is None.
+        num_replicas, rank: DDP world size and rank; read from ``torch.distributed`` when it is
+            initialised and these are None, else a single process.
+    """
+
+    def __init__(
+        self,
+        src_sizes: Sequence[int] | np.ndarray,
+        tgt_sizes: Sequence[int] | np.ndarray,
+        max_tokens: int | None = None,
+        batch_size: int | None = None,
+        shuffle: bool = True,
+        seed: int = 0,
+        pad_to_multiple: int = 1,
+        num_replicas: int | None = None,
+        rank: int | None = None,
+    ) -> None:
+        src_sizes, tgt_sizes = np.asarray(src_sizes), np.asarray(tgt_sizes)
+        if src_sizes.shape != tgt_sizes.shape:
+            raise ValueError(f"{len(src_sizes)} source sizes but {len(tgt_sizes)} target sizes")
+        if max_tokens is None and (batch_size is None or batch_size < 1):
+            raise ValueError("give max_tokens (token budget) or a positive batch_size")
+        if num_replicas is None:
+            num_replicas = dist.get_world_size() if dist.is_initialized() else 1
+        if rank is None:
+            rank = dist.get_rank() if dist.is_initialized() else 0
+        if not 0 <= rank < num_replicas:
+            raise ValueError(f"rank {rank} is outside world size {num_replicas}")
+        self.sizes = np.maximum(src_sizes, tgt_sizes)
+        self.max_tokens, self.batch_size = max_tokens, batch_size
+        self.shuffle, self.seed, self.pad_to_multiple = shuffle, seed, pad_to_multiple
+        self.num_replicas, self.rank = num_replicas, rank
+        self.epoch, self.position = 0, 0
+        if max_tokens is not None and len(self.sizes):
+            biggest = int(np.argmax(self.sizes))
+            need = round_up(int(self.sizes[biggest]), pad_to_multiple)
+            if need > max_tokens:
+                raise ValueError(
+                    f"example {biggest} needs {need} tokens (padded length of its longer side), "
+                    f"more than max_tokens={max_tokens}; raise data.max_tokens or lower "
+                    "data.max_len"
+                )
+        self._cache: tuple[int, list[list[int]]] | None = None
+
+    def set_epoch(self, epoch: int) -> None:
+        """Select the epoch's shuffle. A new epoch starts at its first batch; setting the epoch that
+        is already current keeps the position (Lightning calls this after a mid-epoch restore)."""
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def state_dict(self) -> dict[str, int]:
+        return {"epoch": self.epoch, "position": self.position, "seed": self.seed}
+
+    def load_state_dict(self, state: dict[str, int]) -> None:
+        self.epoch, self.position, self.seed = state["epoch"], state["position"], state["seed"]
+        self._cache = None
+
+    def __len__(self) -> int:
+        return len(self._rank_batches())
+
+    def __iter__(self) -> Iterator[list[int]]:
+        batches = self._rank_batches()
+        while self.position < len(batches):
+            self.position += 1
+            yield batches[self.position - 1]
+        # A finished epoch moves on, so iterating again without set_epoch reshuffles.
+        self.epoch, self.position = self.epoch + 1, 0
+
+    def _rank_batches(self) -> list[list[int]]:
+        if self._cache is None or self._cache[0] != self.epoch:
+            self._cache = (self.epoch, self._batches(self.epoch)[self.rank :: self.num_replicas])
+        return self._cache[1]
+
+    def _batches(self, epoch: int) -> list[list[int]]:
+        rng = np.random.default_rng([self.seed, epoch])
+        order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
+        order = order[np.argsort(self.sizes[order], kind="stable")]
+        batches = self._pack(order)
+        if self.shuffle:
+            batches = [batches[i] for i in rng.permutation(len(batches))]
+        return self._equalise(batches)
+
+    def _pack(self, order: np.ndarray) -> list[list[int]]:
+        if self.max_tokens is None:
+            idx = order.tolist()
+            return [idx[i : i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
+        batches, current, longest = [], [], 0
+        m, budget = self.pad_to_multiple, self.max_tokens
+        for i, size in zip(order.tolist(), self.sizes[order].tolist(), strict=True):
+            new_longest = max(longest, round_up(size, m))
+            if current and (len(current) + 1) * new_longest > budget:
+                batches.append(current)
+                current, new_longest = [], round_up(size, m)
+            current.append(i)
+            longest = new_longest
+        if current:
+            batches.append(current)
+        return batches
+
+    def _equalise(self, batches: list[list[int]]) -> list[list[int]]:
+        """Make the number of batches a multiple of the world size (see the module docstring)."""
+        r = self.num_replicas
+        while len(batches) % r:
+            biggest = max(range(len(batches)), key=lambda j: len(batches[j]), default=None)
+            if biggest is None or len(batches[biggest]) < 2:
+                break
+            b = batches[biggest]
+            batches[biggest : biggest + 1] = [b[: len(b) // 2], b[len(b) // 2 :]]
+        n = len(batches)
+        if n % r:
+            batches += [batches[i % n] for i in range(r - n % r)]
+        return batches

@@ -1,0 +1,322 @@
+"""Raw parallel text: Multi30k files, local files (text/TSV/JSONL) and Hugging Face datasets.
+
+Every source turns one split into a :class:`ParallelText` (source and target sentences in corpus
+order) and gives a cheap ``identity`` string for a split that changes whenever its data does, which
+names the caches built from it. Bad input raises :class:`DataError` naming the file, the line or the
+counts, and what would fix it; nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import os
+import urllib.request
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from pathlib import Path
+
+log = logging.getLogger(__name__)
+
+MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/task1/raw"
+MULTI30K_SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+MULTI30K_LANGS = ("en", "de", "fr", "cs")
+DOWNLOAD_TIMEOUT_S = 10.0
+
+
+class DataError(ValueError):
+    """Unusable input data; the message says what is wrong and what would fix it."""
+
+
+@dataclass
+class ParallelText:
+    src: list[str]
+    tgt: list[str]
+    origin: str  # where the pairs came from, for messages
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a UTF-8 text file (plain or ``.gz``) without their line ends.
+
+    Only ``\\n`` separates lines (``\\r\\n`` is accepted too), never the other Unicode separators
+    that ``str.splitlines`` would split on inside a sentence.
+    """
+    path = Path(path)
+    with _open_bytes(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
+            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    lines = text.split("\n") if text else []
+    return [s[:-1] if s.endswith("\r") else s for s in lines]
+
+
+def read_parallel_files(src_path: Path, tgt_path: Path) -> ParallelText:
+    """One file per language, line i of one the translation of line i of the other."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: parallel files must "
+            "have one line per sentence pair; fix or replace the shorter/longer file"
+        )
+    return ParallelText(src, tgt, f"{src_path} + {tgt_path}")
+
+
+def file_identity(*paths: Path) -> str:
+    """Resolved path, size and modification time of each file: changes when a file does."""
+    parts = []
+    for p in paths:
+        st = p.stat()
+        parts.append(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+class CorpusSource(ABC):
+    """A parallel corpus with named splits, read in the direction ``src_lang -> tgt_lang``."""
+
+    def __init__(self, src_lang: str, tgt_lang: str) -> None:
+        if src_lang == tgt_lang:
+            raise DataError(f"src_lang and tgt_lang are both {src_lang!r}; choose two languages")
+        self.src_lang, self.tgt_lang = src_lang, tgt_lang
+
+    @property
+    @abstractmethod
+    def tag(self) -> str:
+        """A short file-name-safe name of the corpus for cache file names."""
+
+    def prepare(self, splits: list[str]) -> None:  # noqa: B027 (optional hook)
+        """Make the splits available locally (download); a no-op where they already are."""
+
+    @abstractmethod
+    def identity(self, split: str) -> str:
+        """A cheap string that changes whenever the split's data does."""
+
+    @abstractmethod
+    def read(self, split: str) -> ParallelText:
+        """The split's sentence pairs, validated."""
+
+
+class Multi30kSource(CorpusSource):
+    """The official raw gzipped Multi30k files ``{split}.{lang}.gz`` in ``root``.
+
+    Missing files are downloaded once from the public release when ``download`` is on; files
+    already in ``root`` (``data.root=DIR``) are read with the same code.
+    """
+
+    tag = "multi30k"
+
+    def __init__(
+        self, root: str | os.PathLike, src_lang: str, tgt_lang: str, download: bool = True
+    ):
+        super().__init__(src_lang, tgt_lang)
+        for lang in (src_lang, tgt_lang):
+            if lang not in MULTI30K_LANGS:
+                raise DataError(f"Multi30k has no language {lang!r}; choose from {MULTI30K_LANGS}")
+        self.root = Path(root)
+        self.download = download
+
+    def path(self, split: str, lang: str) -> Path:
+        return self.root / f"{split}.{lang}.gz"
+
+    def prepare(self, splits: list[str]) -> None:
+        missing = [
+            self.path(s, lang)
+            for s in splits
+            for lang in (self.src_lang, self.tgt_lang)
+            if not self.path(s, lang).exists()
+        ]
+        if not missing:
+            return
+        names = ", ".join(p.name for p in missing)
+        hint = (
+            f"Put the Multi30k files ({names}) into {self.root}, or pass data.root=DIR for a "
+            "directory that has them (e.g. data.root=../shared/data/multi30k)"
+        )
+        if not self.download:
+            raise DataError(f"Multi30k files missing from {self.root}. {hint}")
+        self.root.mkdir(parents=True, exist_ok=True)
+        for path in missing:
+            url = f"{MULTI30K_URL}/{path.name}"
+            tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
+            log.info("downloading %s", url)
+            try:
+                with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as r:
+                    tmp.write_bytes(r.read())
+            except OSError as err:  # URLError, HTTPError, timeouts are all OSErrors
+                tmp.unlink(missing_ok=True)
+                raise DataError(f"could not download {url} ({err}). {hint}") from err
+            os.replace(tmp, path)
+
+    def _paths(self, split: str) -> tuple[Path, Path]:
+        paths = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
+        for p in paths:
+            if not p.exists():
+                raise DataError(
+                    f"{p} does not exist: Multi30k split {split!r} is not there for this language "
+                    f"pair; splits are {MULTI30K_SPLITS} (cs lacks the 2017 test sets)"
+                )
+        return paths
+
+    def identity(self, split: str) -> str:
+        return file_identity(*self._paths(split))
+
+    def read(self, split: str) -> ParallelText:
+        return read_parallel_files(*self._paths(split))
+
+
+class LocalSource(CorpusSource):
+    """Local files in ``root``, per split one of (plain or ``.gz``):
+
+    * ``{split}.{lang}``: one text file per language, one sentence per line;
+    * ``{split}.tsv``: a header line naming the languages (``en<TAB>de``), then one pair a line;
+    * ``{split}.jsonl``: one JSON object a line, ``{"en": ..., "de": ...}`` or
+      ``{"translation": {"en": ..., "de": ...}}``.
+    """
+
+    def __init__(self, root: str | os.PathLike, src_lang: str, tgt_lang: str) -> None:
+        super().__init__(src_lang, tgt_lang)
+        self.root = Path(root)
+
+    @property
+    def tag(self) -> str:
+        return f"local-{self.root.resolve().name}"
+
+    def _find(self, name: str) -> Path | None:
+        for p in (self.root / name, self.root / f"{name}.gz"):
+            if p.exists():
+                return p
+        return None
+
+    def _files(self, split: str) -> tuple[str, list[Path]]:
+        src, tgt = self._find(f"{split}.{self.src_lang}"), self._find(f"{split}.{self.tgt_lang}")
+        if src and tgt:
+            return "text", [src, tgt]
+        for kind in ("tsv", "jsonl"):
+            p = self._find(f"{split}.{kind}")
+            if p:
+                return kind, [p]
+        raise DataError(
+            f"no files for split {split!r} in {self.root}: expected {split}.{self.src_lang} and "
+            f"{split}.{self.tgt_lang}, or {split}.tsv, or {split}.jsonl (each optionally .gz)"
+        )
+
+    def identity(self, split: str) -> str:
+        return file_identity(*self._files(split)[1])
+
+    def read(self, split: str) -> ParallelText:
+        kind, paths = self._files(split)
+        if kind == "text":
+            return read_parallel_files(*paths)
+        path = paths[0]
+        lines = read_lines(path)
+        return (self._read_tsv if kind == "tsv" else self._read_jsonl)(path, lines)
+
+    def _read_tsv(self, path: Path, lines: list[str]) -> ParallelText:
+        header = lines[0].split("\t") if lines else []
+        for lang in (self.src_lang, self.tgt_lang):
+            if lang not in header:
+                raise DataError(
+                    f"{path}, line 1: the header {header} does not name language {lang!r}; the "
+                    "first line of a TSV file names the language of each column"
+                )
+        si, ti = header.index(self.src_lang), header.index(self.tgt_lang)
+        src, tgt = [], []
+        for n, line in enumerate(lines[1:], start=2):
+            fields = line.split("\t")
+            if len(fields) != len(header):
+                raise DataError(
+                    f"{path}, line {n}: {len(fields)} tab-separated fields, the header has "
+                    f"{len(header)}; sentences must not contain tabs"
+                )
+            src.append(fields[si])
+            tgt.append(fields[ti])
+        return ParallelText(src, tgt, str(path))
+
+    def _read_jsonl(self, path: Path, lines: list[str]) -> ParallelText:
+        src, tgt = [], []
+        for n, line in enumerate(lines, start=1):
+            if not line.strip():
+                continue
+            try:
+                obj = json.loads(line)
+                pair = obj.get("translation", obj)
+                src.append(pair[self.src_lang])
+                tgt.append(pair[self.tgt_lang])
+            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+                raise DataError(
+                    f"{path}, line {n}: not a JSON object with keys {self.src_lang!r} and "
+                    f"{self.tgt_lang!r} (or a 'translation' object with them): {err!r}"
+                ) from None
+        return ParallelText(src, tgt, str(path))
+
+
+class HFSource(CorpusSource):
+    """A Hugging Face dataset with a ``translation`` feature (``{"de": ..., "en": ...}``).
+
+    Loaded with ``datasets.load_from_disk(path)`` when ``path`` is given (a ``DatasetDict`` saved
+    with ``save_to_disk``), else ``datasets.load_dataset(name, config)``.
+    """
+
+    def __init__(
+        self,
+        src_lang: str,
+        tgt_lang: str,
+        name: str | None = None,
+        config: str | None = None,
+        path: str | os.PathLike | None = None,
+    ) -> None:
+        super().__init__(src_lang, tgt_lang)
+        if (name is None) == (path is None):
+            raise DataError(
+                "data=hf needs exactly one of data.hf_name (hub) or data.hf_path (disk)"
+            )
+        self.name, self.config, self.path = name, config, path
+        self._dict = None
+
+    @property
+    def tag(self) -> str:
+        if self.path is not None:
+            return f"hf-{Path(self.path).resolve().name}"
+        return "hf-" + "-".join(x for x in (self.name, self.config) if x).replace("/", "_")
+
+    def _split(self, split: str):
+        import datasets
+
+        if self._dict is None:
+            if self.path is not None:
+                self._dict = datasets.load_from_disk(str(self.path))
+            else:
+                self._dict = datasets.load_dataset(self.name, self.config)
+        if split not in self._dict:
+            raise DataError(f"{self.tag} has no split {split!r}; it has {list(self._dict)}")
+        ds = self._dict[split]
+        if "translation" not in ds.column_names:
+            raise DataError(
+                f"{self.tag}[{split}] has no 'translation' column (columns: {ds.column_names})"
+            )
+        return ds
+
+    def identity(self, split: str) -> str:
+        return f"{self.tag}:{split}:{self._split(split)._fingerprint}"
+
+    def read(self, split: str) -> ParallelText:
+        flat = self._split(split).select_columns(["translation"]).flatten()
+        columns = {}
+        for lang in (self.src_lang, self.tgt_lang):
+            if f"translation.{lang}" not in flat.column_names:
+                langs = [c.removeprefix("translation.") for c in flat.column_names]
+                raise DataError(f"{self.tag}[{split}] has no language {lang!r}; it has {langs}")
+            columns[lang] = [t or "" for t in flat[f"translation.{lang}"]]
+        return ParallelText(columns[self.src_lang], columns[self.tgt_lang], f"{self.tag}[{split}]")

@@ -1,0 +1,112 @@
+"""SentencePiece tokenizers with the project's fixed special ids.
+
+The ids ``pad=0, unk=1, bos=2, eos=3`` are fixed for the whole project: the model sizes its
+embedding and zeroes the padding row from them, so every tokenizer is trained with exactly these.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Iterable
+from pathlib import Path
+
+import sentencepiece as spm
+
+from transformer.data.sources import DataError
+
+log = logging.getLogger(__name__)
+
+PAD_ID = 0
+UNK_ID = 1
+BOS_ID = 2
+EOS_ID = 3
+
+MODEL_TYPES = ("unigram", "bpe")
+
+
+class Tokenizer:
+    """A trained SentencePiece model: text <-> piece ids, no bos/eos (the collator adds them)."""
+
+    def __init__(self, model_path: str | os.PathLike) -> None:
+        self.model_path = Path(model_path)
+        self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+        ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
+        if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
+            raise DataError(
+                f"{self.model_path} has special ids pad/unk/bos/eos={ids}, but this project needs "
+                f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete the file so it is trained again"
+            )
+
+    @property
+    def vocab_size(self) -> int:
+        return self._sp.get_piece_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._sp.encode(text, out_type=int)
+
+    def encode_batch(self, texts: list[str]) -> list[list[int]]:
+        """Encode many texts at once (SentencePiece uses its own threads)."""
+        return self._sp.encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
+
+    def decode(self, ids: Iterable[int]) -> str:
+        """Ids -> text. Stops at the first eos, drops pad and bos; unk decodes as SentencePiece's
+        unknown marker."""
+        kept: list[int] = []
+        for i in ids:
+            i = int(i)
+            if i == EOS_ID:
+                break
+            if i not in (PAD_ID, BOS_ID):
+                kept.append(i)
+        return self._sp.decode(kept)
+
+    def __getstate__(self) -> dict:
+        return {"model_path": self.model_path}
+
+    def __setstate__(self, state: dict) -> None:
+        self.__init__(state["model_path"])
+
+
+def train_tokenizer(
+    texts: Iterable[str],
+    model_path: str | os.PathLike,
+    vocab_size: int,
+    model_type: str = "unigram",
+) -> Tokenizer:
+    """Train a SentencePiece model on ``texts`` and write it to ``model_path`` (a ``.model`` file).
+
+    The file appears atomically (trained under a temporary prefix, then renamed), so an interrupted
+    run never leaves a half-written model that a later run would reuse.
+    """
+    if model_type not in MODEL_TYPES:
+        raise ValueError(f"spm_model_type must be one of {MODEL_TYPES}, got {model_type!r}")
+    model_path = Path(model_path)
+    model_path.parent.mkdir(parents=True, exist_ok=True)
+    prefix = model_path.with_name(f".{model_path.stem}.{os.getpid()}.tmp")
+    try:
+        spm.SentencePieceTrainer.train(
+            sentence_iterator=(t for t in texts if t.strip()),
+            model_prefix=str(prefix),
+            vocab_size=vocab_size,
+            model_type=model_type,
+            pad_id=PAD_ID,
+            unk_id=UNK_ID,
+            bos_id=BOS_ID,
+            eos_id=EOS_ID,
+            character_coverage=1.0,
+            input_sentence_size=2_000_000,
+            shuffle_input_sentence=True,
+            num_threads=os.cpu_count() or 1,
+            minloglevel=2,
+        )
+    except RuntimeError as err:
+        raise DataError(
+            f"SentencePiece training for {model_path.name} failed: {err}. If the vocabulary is too "
+            f"large for this corpus, lower data.vocab_size (now {vocab_size})"
+        ) from err
+    os.replace(f"{prefix}.model", model_path)
+    Path(f"{prefix}.vocab").unlink(missing_ok=True)
+    tokenizer = Tokenizer(model_path)
+    log.info("trained %s SentencePiece model %s", model_type, model_path)
+    return tokenizer
