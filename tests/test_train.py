@@ -7,6 +7,7 @@ import json
 import math
 import os
 import random
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -228,7 +229,11 @@ def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
         assert (tmp_path / "sweep" / job / "checkpoints" / "last.ckpt").is_file()
         runs = list((tmp_path / "sweep" / job / "wandb").glob("offline-run-*"))
         assert len(runs) == 1, runs
-    assert "wandb sync" in res.stderr + res.stdout
+    out = res.stderr + res.stdout
+    assert "wandb sync" in out
+    groups = re.findall(r"wandb run '([^']*)' in group '([^']*)'", out)
+    assert len(groups) == 2 and groups[0][1] == groups[1][1] == "multi30k_en_de-sweep"
+    assert "model.num_heads=1" in groups[0][0] and "model.num_heads=2" in groups[1][0]
 
 
 def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):

@@ -191,6 +191,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if logger_cfg and "wandb" in logger_cfg:
         name, group = run_identity(cfg)
         logger_cfg = OmegaConf.merge(logger_cfg, {"wandb": {"name": name, "group": group}})
+        log.info("wandb run %r in group %r", name, group)
     loggers = _instantiate_group(logger_cfg)
     callbacks = _instantiate_group(cfg.get("callbacks"))
     if not cfg.trainer.get("enable_progress_bar", True):
