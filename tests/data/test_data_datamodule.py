@@ -8,9 +8,9 @@ from pathlib import Path
 import datasets
 import pytest
 import torch
-from conftest import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
+from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 
 from transformer.data import datamodule as dm_module
 from transformer.data.collate import Batch

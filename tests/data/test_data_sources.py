@@ -7,7 +7,7 @@ import json
 import time
 
 import pytest
-from conftest import write_lines
+from tinycorpus import write_lines
 
 from transformer.data import sources
 from transformer.data.sources import (

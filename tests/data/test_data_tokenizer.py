@@ -5,7 +5,7 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from conftest import TINY_VOCAB, make_pairs
+from tinycorpus import TINY_VOCAB, make_pairs
 
 from transformer.data.sources import DataError
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer

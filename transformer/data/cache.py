@@ -99,7 +99,12 @@ def build_split(
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     ds.save_to_disk(str(tmp))
-    os.replace(tmp, path)
+    try:
+        os.replace(tmp, path)
+    except OSError:
+        if not path.exists():
+            raise
+        shutil.rmtree(tmp)  # another process (e.g. another node) saved the same split first
 
 
 class TokenizedSplit(Dataset):

@@ -9,6 +9,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from transformer.data.cache import TokenizedSplit, build_split, file_digest, fingerprint
@@ -287,15 +288,16 @@ class TranslationDataModule(L.LightningDataModule):
     def state_dict(self) -> dict[str, Any]:
         """The train sampler's epoch, position and seed.
 
-        During fitting the position is the number of batches the trainer has finished in the
-        current epoch, not the sampler's own count, which runs ahead by the batches that
-        DataLoader workers and Lightning have prefetched.
+        During fitting (checkpoints saved after a training batch or after validation) the position
+        is the number of batches the trainer has finished in the current epoch, not the sampler's
+        own count, which runs ahead by the batches that DataLoader workers and Lightning have
+        prefetched.
         """
         if self._train_sampler is None:
             return {"train_sampler": self._sampler_state} if self._sampler_state else {}
         state = self._train_sampler.state_dict()
         trainer = self.trainer
-        if trainer is not None and trainer.training:
+        if trainer is not None and trainer.state.fn == TrainerFn.FITTING:
             state["epoch"] = trainer.current_epoch
             state["position"] = trainer.fit_loop.epoch_loop.batch_progress.current.processed
         return {"train_sampler": state}

@@ -75,10 +75,12 @@ class TokenBudgetBatchSampler:
                     "data.max_len"
                 )
         self._cache: tuple[int, list[list[int]]] | None = None
+        # Lightning calls ``set_epoch`` on ``dataloader.batch_sampler.sampler`` at each epoch start.
+        self.sampler = self
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shuffle. A new epoch starts at its first batch; setting the epoch that
-        is already current keeps the position (Lightning calls this after a mid-epoch restore)."""
+        is already current keeps the position (Lightning does so after a mid-epoch restore)."""
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
 
@@ -94,11 +96,14 @@ class TokenBudgetBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._rank_batches()
+        if self.position >= len(batches):
+            # The epoch was used up (its iterator need not have been exhausted): without a
+            # set_epoch call, the next pass is the next epoch, reshuffled.
+            self.epoch, self.position = self.epoch + 1, 0
+            batches = self._rank_batches()
         while self.position < len(batches):
             self.position += 1
             yield batches[self.position - 1]
-        # A finished epoch moves on, so iterating again without set_epoch reshuffles.
-        self.epoch, self.position = self.epoch + 1, 0
 
     def _rank_batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:
