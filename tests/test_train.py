@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import logging
 import math
 import os
 import random
@@ -165,14 +166,19 @@ def test_fast_dev_run(corpus, tmp_path):
     assert math.isfinite(metrics["train/loss"]) and "val/loss" in metrics and "val/bleu" in metrics
 
 
-def test_short_training_lowers_validation_loss(corpus, tmp_path):
+def test_short_training_lowers_validation_loss(corpus, tmp_path, caplog):
     overrides = [
         *tiny_overrides(corpus),
         "trainer.max_steps=48",
         "trainer.val_check_interval=8",
         "trainer.check_val_every_n_epoch=null",
+        "trainer.num_sanity_val_steps=2",  # a partial pass first: later passes must be whole
+        "validation.bleu_sentences=null",
     ]
-    metrics = train(compose_cfg(overrides, tmp_path))
+    with caplog.at_level(logging.INFO, logger="transformer.lit_module"):
+        metrics = train(compose_cfg(overrides, tmp_path))
+    decoded = [int(n) for n in re.findall(r"val BLEU \S+ on (\d+) sentences", caplog.text)]
+    assert decoded == [32] * 6  # every validation decodes the whole validation set
     losses = val_losses(read_metrics(tmp_path))
     assert len(losses) == 6
     assert losses[-1] < losses[0] - 0.5, losses

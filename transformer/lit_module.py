@@ -120,8 +120,8 @@ class TranslationModule(L.LightningModule):
     def on_train_epoch_start(self) -> None:
         self._last_batch_time = None
         # Lightning calls ``set_epoch`` on ``dataloader.sampler`` and ``batch_sampler.sampler``
-        # only, not on a batch sampler itself, so the token-budget sampler is told here, before
-        # the epoch's first batch is drawn (same epoch = keep the position, as after a resume).
+        # only, not on a batch sampler itself; tell a batch sampler here too, before the epoch's
+        # first batch is drawn (same epoch = keep the position, as after a resume).
         sampler = getattr(self.trainer.train_dataloader, "batch_sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.current_epoch)
