@@ -262,3 +262,28 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         seen.append({i for line in lines for i in json.loads(line)["ids"]})
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set to the Multi30k files"
+)
+def test_multi30k_smoke(tmp_path):
+    """The default experiment's data with the tiny model: a few steps, BLEU on a subset."""
+    overrides = [
+        "model=tiny",
+        f"data.root={os.environ['MULTI30K_DIR']}",
+        "data.download=false",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.num_workers=0",
+        "logger=csv",
+        "trainer.accelerator=cpu",
+        "trainer.max_steps=5",
+        "trainer.val_check_interval=5",
+        "trainer.limit_val_batches=2",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false",
+        "validation.bleu_sentences=16",
+    ]
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert math.isfinite(metrics["val/loss"]) and "val/bleu" in metrics
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
