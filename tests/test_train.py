@@ -289,3 +289,29 @@ def test_multi30k_smoke(tmp_path):
     metrics = train(compose_cfg(overrides, tmp_path))
     assert math.isfinite(metrics["val/loss"]) and "val/bleu" in metrics
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_wandb_falls_back_offline_when_the_server_is_unreachable(tmp_path):
+    """A key but no reachable server: online start gives up after init_timeout, runs offline."""
+    env = _script_env(tmp_path)
+    env.pop("WANDB_MODE", None)
+    env["WANDB_API_KEY"] = "0" * 40
+    env["WANDB_BASE_URL"] = "http://127.0.0.1:9"  # nothing listens on the discard port
+    code = (
+        "import logging, wandb\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from transformer.loggers import OfflineFallbackWandbLogger\n"
+        f"lg = OfflineFallbackWandbLogger(project='p', save_dir={str(tmp_path / 'out')!r},"
+        " init_timeout=3)\n"
+        "lg.log_metrics({'x': 1.0}, step=0)\n"
+        "print('MODE', lg.experiment.settings.mode)\n"
+        "wandb.finish()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "MODE offline" in res.stdout
+    assert "wandb sync" in res.stderr and "online start failed" in res.stderr
+    assert list((tmp_path / "out" / "wandb").glob("offline-run-*"))

@@ -109,7 +109,7 @@ class TranslationModule(L.LightningModule):
         now = time.perf_counter()
         bsz = len(batch.labels)
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
-        self.log("train/ppl", math.exp(min(nll_sum.item() / ntok, 50.0)), batch_size=bsz)
+        self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
         self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bsz)
         if self._last_batch_time is not None:
             tps = batch.num_tgt_tokens * self.trainer.world_size / (now - self._last_batch_time)
