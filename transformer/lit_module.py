@@ -16,14 +16,13 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.decoding import greedy_decode
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.optim import build_optimizer
 
 log = logging.getLogger(__name__)
-
-BOS_ID, EOS_ID = 2, 3  # the project's fixed special ids (transformer.data.tokenizer)
 
 
 def label_smoothed_loss(
