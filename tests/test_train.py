@@ -1,0 +1,317 @@
+"""Training through ``train(cfg)`` and ``train.py`` on a tiny synthetic corpus (CPU, tiny model)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import math
+import os
+import random
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException
+from hydra.utils import instantiate
+
+from transformer.training import ConfigError, model_config, train, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+CONFIGS = REPO / "configs"
+EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
+MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
+
+WORDS_EN = (
+    "a the man woman dog cat child girl boy walks runs sits eats red blue green big small on in "
+    "near under street park house tree ball water bike car plays jumps looks"
+).split()
+WORDS_DE = (
+    "ein der mann frau hund katze kind mädchen junge geht läuft sitzt isst rot blau grün groß "
+    "klein auf in bei unter straße park haus baum ball wasser fahrrad auto spielt springt schaut"
+).split()
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """train/val/test .en/.de files; German is a word-by-word image of English."""
+    root = tmp_path_factory.mktemp("corpus")
+    for split, n, seed in (("train", 400, 0), ("val", 32, 1), ("test", 32, 2)):
+        rng = random.Random(seed)
+        en, de = [], []
+        for _ in range(n):
+            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, 10))]
+            en.append(" ".join(WORDS_EN[i] for i in idx))
+            de.append(" ".join(WORDS_DE[i] for i in idx))
+        (root / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
+        (root / f"{split}.de").write_text("\n".join(de) + "\n", encoding="utf-8")
+    return root
+
+
+def tiny_overrides(corpus: Path) -> list[str]:
+    return [
+        "model=tiny",
+        "data=local",
+        f"data.root={corpus}",
+        f"data.cache_dir={corpus / 'cache'}",
+        "data.vocab_size=64",
+        "data.num_workers=0",
+        "data.max_tokens=512",
+        "logger=csv",
+        "trainer.accelerator=cpu",
+        "trainer.enable_progress_bar=false",
+        "trainer.enable_model_summary=false",
+        "trainer.log_every_n_steps=1",
+        "trainer.num_sanity_val_steps=0",
+        "validation.bleu_sentences=8",
+        "optim.optimizer.lr=3e-3",
+        "optim.scheduler.warmup_steps=10",
+    ]
+
+
+def compose_cfg(overrides: list[str], out_dir: Path | None = None):
+    out = [f"paths.output_dir={out_dir}"] if out_dir is not None else ["paths.output_dir=unused"]
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("train", overrides=[*out, *overrides])
+
+
+def read_metrics(out_dir: Path) -> list[dict[str, str]]:
+    (path,) = out_dir.glob("csv/version_*/metrics.csv")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def train_losses(rows) -> dict[int, float]:
+    return {int(r["step"]): float(r["train/loss"]) for r in rows if r.get("train/loss")}
+
+
+def val_losses(rows) -> list[float]:
+    return [float(r["val/loss"]) for r in rows if r.get("val/loss")]
+
+
+# -- composition and validation --------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [[f"experiment={e}"] for e in EXPERIMENTS]
+    + [[f"debug={d}"] for d in DEBUGS]
+    + [[f"model={m}"] for m in MODELS]
+    + [["logger=csv"], ["logger=wandb"], ["trainer=ddp"], ["trainer=fsdp"], ["trainer=cpu"]],
+    ids=lambda o: o[0],
+)
+def test_overlays_compose_and_instantiate(overrides, tmp_path):
+    cfg = compose_cfg([*overrides, "trainer.accelerator=cpu", "trainer.devices=1"], tmp_path)
+    model_cfg = validate_config(cfg)
+    dm = instantiate(cfg.data)  # constructs only: no download, no tokenizer training
+    assert dm.src_vocab_size == model_cfg.src_vocab_size == cfg.data.vocab_size
+    for name, c in (cfg.get("logger") or {}).items():
+        if name != "tensorboard":  # needs the optional tensorboard package
+            instantiate(c)
+    for c in cfg.callbacks.values():
+        instantiate(c)
+    instantiate(cfg.trainer, precision="32-true", strategy="auto")
+
+
+def test_default_is_multi30k_en_de_with_wandb(tmp_path):
+    cfg = compose_cfg([], tmp_path)
+    assert cfg.experiment_name == "multi30k_en_de"
+    assert (cfg.data.source, cfg.data.src_lang, cfg.data.tgt_lang) == ("multi30k", "en", "de")
+    assert (cfg.model.d_model, cfg.model.num_heads) == (256, 4)
+    assert "wandb" in cfg.logger
+    base = compose_cfg(["model=base"], tmp_path).model
+    assert (base.d_model, base.num_heads, base.num_encoder_layers, base.d_ff) == (512, 8, 6, 2048)
+
+
+def test_misspelt_option_is_named():
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(["model.num_head=4"])
+    assert "model.num_head" in str(err.value)
+    cfg = compose_cfg(["+model.num_head=4"])
+    with pytest.raises(ConfigError, match=r"model\.num_head; did you mean model\.num_heads"):
+        model_config(cfg)
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("model.num_heads=3", "num_heads=3 does not divide d_model=256"),
+        ("model.dropout=1.5", "dropout must be in"),
+        ("optim.optimizer.lr=-1", "optim.optimizer.lr must be positive"),
+        ("trainer.precision=fp8", "trainer.precision"),
+        ("data.max_tokens=10", "data.max_tokens"),
+        ("data.tgt_lang=en", "data.src_lang and data.tgt_lang"),
+        ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
+    ],
+)
+def test_invalid_value_fails_before_data_work(override, message, tmp_path):
+    # data.root does not exist and downloads are off: any data work would fail differently.
+    missing = tmp_path / "no-data"
+    cfg = compose_cfg([override, f"data.root={missing}", "data.download=false"], tmp_path)
+    with pytest.raises(ValueError, match=message):
+        train(cfg)
+    assert not missing.exists() and not (tmp_path / "checkpoints").exists()
+
+
+# -- training ----------------------------------------------------------------------------------
+
+
+def test_fast_dev_run(corpus, tmp_path):
+    cfg = compose_cfg([*tiny_overrides(corpus), "debug=fast_dev_run"], tmp_path)
+    metrics = train(cfg)
+    assert math.isfinite(metrics["train/loss"]) and "val/loss" in metrics and "val/bleu" in metrics
+
+
+def test_short_training_lowers_validation_loss(corpus, tmp_path, caplog):
+    overrides = [
+        *tiny_overrides(corpus),
+        "trainer.max_steps=48",
+        "trainer.val_check_interval=8",
+        "trainer.check_val_every_n_epoch=null",
+        "trainer.num_sanity_val_steps=2",  # a partial pass first: later passes must be whole
+        "validation.bleu_sentences=null",
+    ]
+    with caplog.at_level(logging.INFO, logger="transformer.lit_module"):
+        metrics = train(compose_cfg(overrides, tmp_path))
+    decoded = [int(n) for n in re.findall(r"val BLEU \S+ on (\d+) sentences", caplog.text)]
+    assert decoded == [32] * 6  # every validation decodes the whole validation set
+    losses = val_losses(read_metrics(tmp_path))
+    assert len(losses) == 6
+    assert losses[-1] < losses[0] - 0.5, losses
+    assert {"train/ppl", "lr", "train/tokens_per_sec", "val/ppl", "val/bleu"} <= set(metrics)
+    ckpts = {p.name for p in (tmp_path / "checkpoints").iterdir()}
+    assert "last.ckpt" in ckpts and any(n.startswith("best-") for n in ckpts)
+
+
+@pytest.mark.parametrize("accumulate, total, first", [(1, 20, 10), (2, 10, 5)])
+def test_resume_continues_exactly(corpus, tmp_path, accumulate, total, first):
+    """``total`` optimizer steps in one run == ``first`` steps, checkpoint, resume to ``total``:
+    20 batches either way, crossing the epoch boundary at 16 batches, with validation in between
+    and dropout on."""
+    common = [
+        *tiny_overrides(corpus),
+        "trainer.val_check_interval=4",
+        "trainer.check_val_every_n_epoch=null",
+        f"trainer.accumulate_grad_batches={accumulate}",
+        "model.dropout=0.1",
+    ]
+    full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
+    train(compose_cfg([*common, f"trainer.max_steps={total}"], full))
+    train(compose_cfg([*common, f"trainer.max_steps={first}"], part))
+    ckpt = part / "checkpoints" / "last.ckpt"
+    assert ckpt.is_file()
+    train(compose_cfg([*common, f"trainer.max_steps={total}", f"ckpt_path={ckpt}"], resumed))
+    full_rows, part_rows = read_metrics(full), read_metrics(part)
+    resumed_rows = read_metrics(resumed)
+    want = [float(r["train/loss"]) for r in full_rows if r.get("train/loss")]
+    got = [float(r["train/loss"]) for r in part_rows + resumed_rows if r.get("train/loss")]
+    assert len(want) == total  # logged once per optimizer step
+    assert got == pytest.approx(want, abs=1e-6)
+    assert val_losses(resumed_rows) == pytest.approx(val_losses(full_rows)[-3:], abs=1e-6)
+
+
+def _script_env(tmp_path: Path) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO)
+    env["HOME"] = str(tmp_path / "home")  # no ~/.netrc: no wandb key
+    env.pop("WANDB_API_KEY", None)
+    return env
+
+
+def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
+    env = _script_env(tmp_path)
+    env.pop("WANDB_MODE", None)  # no key and no mode: the logger must go offline by itself
+    cmd = [
+        sys.executable, "train.py", "-m", "model.num_heads=1,2",
+        *[o for o in tiny_overrides(corpus) if not o.startswith("logger=")],
+        "trainer.max_steps=3", "validation.bleu_sentences=0",
+        f"hydra.sweep.dir={tmp_path / 'sweep'}",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    for job in ("0", "1"):
+        assert (tmp_path / "sweep" / job / "checkpoints" / "last.ckpt").is_file()
+        runs = list((tmp_path / "sweep" / job / "wandb").glob("offline-run-*"))
+        assert len(runs) == 1, runs
+    out = res.stderr + res.stdout
+    assert "wandb sync" in out
+    groups = re.findall(r"wandb run '([^']*)' in group '([^']*)'", out)
+    assert len(groups) == 2 and groups[0][1] == groups[1][1] == "multi30k_en_de-sweep"
+    assert "model.num_heads=1" in groups[0][0] and "model.num_heads=2" in groups[1][0]
+
+
+def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
+    env = _script_env(tmp_path)
+    ids_dir = tmp_path / "ids"
+    cmd = [
+        sys.executable, "train.py", *tiny_overrides(corpus),
+        "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
+        "validation.bleu_sentences=null", "trainer.val_check_interval=4",
+        "trainer.check_val_every_n_epoch=null",
+        "+callbacks.batch_ids._target_=transformer.callbacks.BatchIdRecorder",
+        f"+callbacks.batch_ids.out_dir={ids_dir}", f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
+    assert res.returncode == 0, res.stderr[-3000:]
+    seen = []
+    for rank in (0, 1):
+        lines = (ids_dir / f"batch_ids.rank{rank}.jsonl").read_text().splitlines()
+        assert len(lines) == 4
+        seen.append({i for line in lines for i in json.loads(line)["ids"]})
+    assert seen[0] and seen[1] and not seen[0] & seen[1]
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+@pytest.mark.skipif(
+    not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set to the Multi30k files"
+)
+def test_multi30k_smoke(tmp_path):
+    """The default experiment's data with the tiny model: a few steps, BLEU on a subset."""
+    overrides = [
+        "model=tiny",
+        f"data.root={os.environ['MULTI30K_DIR']}",
+        "data.download=false",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "data.num_workers=0",
+        "logger=csv",
+        "trainer.accelerator=cpu",
+        "trainer.max_steps=5",
+        "trainer.val_check_interval=5",
+        "trainer.limit_val_batches=2",
+        "trainer.num_sanity_val_steps=0",
+        "trainer.enable_progress_bar=false",
+        "validation.bleu_sentences=16",
+    ]
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert math.isfinite(metrics["val/loss"]) and "val/bleu" in metrics
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_wandb_falls_back_offline_when_the_server_is_unreachable(tmp_path):
+    """A key but no reachable server: online start gives up after init_timeout, runs offline."""
+    env = _script_env(tmp_path)
+    env.pop("WANDB_MODE", None)
+    env["WANDB_API_KEY"] = "0" * 40
+    env["WANDB_BASE_URL"] = "http://127.0.0.1:9"  # nothing listens on the discard port
+    code = (
+        "import logging, wandb\n"
+        "logging.basicConfig(level=logging.INFO)\n"
+        "from transformer.loggers import OfflineFallbackWandbLogger\n"
+        f"lg = OfflineFallbackWandbLogger(project='p', save_dir={str(tmp_path / 'out')!r},"
+        " init_timeout=3)\n"
+        "lg.log_metrics({'x': 1.0}, step=0)\n"
+        "print('MODE', lg.experiment.settings.mode)\n"
+        "wandb.finish()\n"
+    )
+    res = subprocess.run(
+        [sys.executable, "-c", code], cwd=tmp_path, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "MODE offline" in res.stdout
+    assert "wandb sync" in res.stderr and "online start failed" in res.stderr
+    assert list((tmp_path / "out" / "wandb").glob("offline-run-*"))

@@ -1,0 +1,19 @@
+"""Train a translation model: ``python train.py [group=option ...] [key=value ...]``.
+
+See the README's Training section; ``python train.py --help`` lists the config groups.
+"""
+
+import hydra
+from omegaconf import DictConfig
+
+from transformer.training import train
+
+
+@hydra.main(version_base="1.3", config_path="configs", config_name="train")
+def main(cfg: DictConfig) -> float | None:
+    metrics = train(cfg)
+    return metrics.get("val/bleu")  # for sweepers that optimise a value
+
+
+if __name__ == "__main__":
+    main()

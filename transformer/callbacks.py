@@ -1,0 +1,66 @@
+"""Training callbacks."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import lightning as L
+from lightning.pytorch.callbacks import Callback
+
+
+class LastCheckpoint(Callback):
+    """Keeps ``<dirpath>/last.ckpt``: every ``every_n_train_steps`` optimizer steps and at the end
+    of training, always in the state between two training steps (what exact resume needs).
+
+    Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` after validation but not
+    when training stops later (e.g. at ``max_steps`` mid-epoch), hence this callback.
+    """
+
+    def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int | None = 1000) -> None:
+        self.dirpath = Path(dirpath)
+        self.every_n_train_steps = every_n_train_steps
+        self._saved_step = -1
+
+    @property
+    def path(self) -> Path:
+        return self.dirpath / "last.ckpt"
+
+    def _save(self, trainer: L.Trainer) -> None:
+        if (
+            trainer.fast_dev_run
+            or trainer.sanity_checking
+            or trainer.global_step == self._saved_step
+        ):
+            return
+        trainer.save_checkpoint(self.path)
+        self._saved_step = trainer.global_step
+
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._saved_step = trainer.global_step  # a resumed run need not rewrite its checkpoint
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        n, step = self.every_n_train_steps, trainer.global_step
+        last_step = 0 < trainer.max_steps <= step  # saved here, not at on_train_end, where
+        # Lightning has already moved to the next epoch: resuming would skip the epoch's rest
+        if step > 0 and ((n and step % n == 0) or last_step):
+            self._save(trainer)
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._save(trainer)
+
+
+class BatchIdRecorder(Callback):
+    """Writes the example ids of every training batch, per rank, to
+    ``<out_dir>/batch_ids.rank<R>.jsonl`` (one line per batch): checks of DDP sharding and of
+    resume order."""
+
+    def __init__(self, out_dir: str | os.PathLike) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"batch_ids.rank{trainer.global_rank}.jsonl"
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": trainer.global_step, "ids": batch.ids.tolist()}) + "\n")

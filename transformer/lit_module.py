@@ -1,0 +1,243 @@
+"""The Lightning module: teacher-forced training with label smoothing, validation loss and BLEU."""
+
+from __future__ import annotations
+
+import logging
+import math
+import random
+import time
+from collections.abc import Callable
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer.config import TransformerConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID
+from transformer.decoding import greedy_decode
+from transformer.metrics import score_translations
+from transformer.model import Transformer
+from transformer.optim import build_optimizer
+
+log = logging.getLogger(__name__)
+
+
+def label_smoothed_loss(
+    logits: Tensor, labels: Tensor, epsilon: float, pad_id: int
+) -> tuple[Tensor, Tensor, int]:
+    """Summed label-smoothed cross entropy and summed NLL over non-pad labels, and their count.
+
+    ``(1 - eps) * nll + eps * mean over the vocabulary of -log p``: torch's ``label_smoothing``
+    formula, with the NLL kept apart for perplexity. Computed in fp32 whatever the logits' dtype.
+    """
+    lprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
+    keep = labels.ne(pad_id)
+    nll = -lprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
+    smooth = -lprobs.mean(-1)  # (B, T)
+    loss = ((1.0 - epsilon) * nll + epsilon * smooth)[keep].sum()
+    return loss, nll[keep].sum(), int(keep.sum())
+
+
+class TranslationModule(L.LightningModule):
+    """A :class:`Transformer` trained on :class:`transformer.data.collate.Batch` batches.
+
+    Args:
+        model: the :class:`TransformerConfig` fields, vocabulary sizes and pad id included.
+        optimizer: partial optimizer taking parameter groups (Hydra ``_partial_: true``); its
+            ``weight_decay`` applies to the decay group only.
+        scheduler: partial taking the optimizer, returning a per-step LR scheduler.
+        label_smoothing: epsilon of the label-smoothed cross entropy.
+        decoding: validation decoding, ``strategy`` (greedy), ``max_len_a``, ``max_len_b``.
+        val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
+    """
+
+    def __init__(
+        self,
+        model: dict[str, Any],
+        optimizer: Callable[..., torch.optim.Optimizer] | None = None,
+        scheduler: Callable[..., Any] | None = None,
+        label_smoothing: float = 0.1,
+        decoding: dict[str, Any] | None = None,
+        val_bleu_sentences: int | None = None,
+    ) -> None:
+        super().__init__()
+        self.save_hyperparameters(ignore=["optimizer", "scheduler"])
+        self.cfg = TransformerConfig(**model)
+        self.model = Transformer(self.cfg)
+        self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
+        if not 0.0 <= label_smoothing < 1.0:
+            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
+        self.label_smoothing = label_smoothing
+        self.decoding = {
+            "strategy": "greedy",
+            "max_len_a": 1.2,
+            "max_len_b": 10,
+            **(decoding or {}),
+        }
+        if self.decoding["strategy"] != "greedy":
+            raise ValueError(
+                f"decoding.strategy={self.decoding['strategy']!r}: only 'greedy' exists so far"
+            )
+        self.val_bleu_sentences = val_bleu_sentences
+        self._last_batch_time: float | None = None
+        self._rng_to_restore: dict[str, Any] | None = None
+        self._val_sums: Tensor | None = None
+        self._val_hyps: dict[int, str] = {}
+
+    # -- training ----------------------------------------------------------------------------
+
+    def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
+        return self.model(src, tgt_in, src_pad_mask)
+
+    def _loss(self, batch) -> tuple[Tensor, Tensor, int]:
+        logits = self(batch.src, batch.tgt_in, batch.src_pad_mask)
+        return label_smoothed_loss(logits, batch.labels, self.label_smoothing, self.cfg.pad_id)
+
+    def on_train_batch_start(self, batch, batch_idx: int) -> None:
+        if self._rng_to_restore is not None:  # first step after a resume: continue the streams
+            set_rng_states(self._rng_to_restore)
+            self._rng_to_restore = None
+
+    def training_step(self, batch, batch_idx: int) -> Tensor:
+        loss_sum, nll_sum, ntok = self._loss(batch)
+        ntok = max(ntok, 1)
+        loss = loss_sum / ntok
+        now = time.perf_counter()
+        bsz = len(batch.labels)
+        self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
+        self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
+        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bsz)
+        if self._last_batch_time is not None:
+            tps = batch.num_tgt_tokens * self.trainer.world_size / (now - self._last_batch_time)
+            self.log("train/tokens_per_sec", tps, prog_bar=True, batch_size=bsz)
+        self._last_batch_time = now
+        return loss
+
+    def on_train_epoch_start(self) -> None:
+        self._last_batch_time = None
+        # Lightning calls ``set_epoch`` on ``dataloader.sampler`` and ``batch_sampler.sampler``
+        # only, not on a batch sampler itself; tell a batch sampler here too, before the epoch's
+        # first batch is drawn (same epoch = keep the position, as after a resume).
+        sampler = getattr(self.trainer.train_dataloader, "batch_sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.current_epoch)
+
+    def configure_optimizers(self):
+        if self.optimizer_factory is None:
+            raise ValueError("TranslationModule needs an optimizer to train")
+        wd = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
+        optimizer = build_optimizer(self.model, self.optimizer_factory, wd)
+        if self.scheduler_factory is None:
+            return optimizer
+        scheduler = self.scheduler_factory(optimizer)
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
+        }
+
+    # -- validation --------------------------------------------------------------------------
+
+    def on_validation_epoch_start(self) -> None:
+        # An evaluation batch sampler keeps its position between passes when a pass ends
+        # without exhausting it (Lightning stops at its length): rewind it for a full pass.
+        loaders = self.trainer.val_dataloaders
+        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
+            sampler = getattr(loader, "batch_sampler", None)
+            if getattr(sampler, "shuffle", True) is False and hasattr(sampler, "load_state_dict"):
+                sampler.load_state_dict({**sampler.state_dict(), "epoch": 0, "position": 0})
+        self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
+        self._val_hyps = {}
+
+    def validation_step(self, batch, batch_idx: int) -> None:
+        loss_sum, nll_sum, ntok = self._loss(batch)
+        self._val_sums += torch.stack(
+            [loss_sum.double(), nll_sum.double(), torch.tensor(ntok, device=self.device).double()]
+        )
+        if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
+            return
+        keep = torch.ones_like(batch.ids, dtype=torch.bool)
+        if self.val_bleu_sentences is not None:
+            keep = batch.ids < self.val_bleu_sentences
+        if not bool(keep.any()):
+            return
+        out = greedy_decode(
+            self.model,
+            batch.src[keep],
+            BOS_ID,
+            EOS_ID,
+            batch.src_pad_mask[keep],
+            self.decoding["max_len_a"],
+            self.decoding["max_len_b"],
+        )
+        decode = self.trainer.datamodule.tgt_tokenizer.decode
+        for i, row in zip(batch.ids[keep].tolist(), out.tolist(), strict=True):
+            self._val_hyps[i] = decode(row)
+
+    def on_validation_epoch_end(self) -> None:
+        sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
+        loss_sum, nll_sum, ntok = sums.tolist()
+        ntok = max(ntok, 1.0)
+        self.log("val/loss", loss_sum / ntok, prog_bar=True, sync_dist=False)
+        self.log("val/ppl", math.exp(min(nll_sum / ntok, 50.0)))
+        if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
+            return
+        hyps = self._val_hyps
+        if self.trainer.world_size > 1:  # every rank decoded its own shard: gather them all
+            parts: list[dict[int, str]] = [{} for _ in range(self.trainer.world_size)]
+            torch.distributed.all_gather_object(parts, hyps)
+            hyps = {k: v for part in parts for k, v in part.items()}
+        if not hyps:
+            return
+        refs = self.trainer.datamodule.references("val")
+        ids = sorted(hyps)
+        scores = score_translations([hyps[i] for i in ids], [refs[i] for i in ids])
+        self.log("val/bleu", scores.bleu, prog_bar=True)
+        self.log("val/bleu_lc", scores.bleu_lc)
+        self.log("val/chrf", scores.chrf)
+        if self.global_rank == 0:
+            log.info(
+                "step %d: val BLEU %.2f on %d sentences (%s)",
+                self.global_step,
+                scores.bleu,
+                scores.num_sentences,
+                scores.bleu_signature,
+            )
+
+    # -- checkpoints -------------------------------------------------------------------------
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["rng_states"] = get_rng_states()
+        dm = getattr(self.trainer, "datamodule", None)
+        if dm is not None and getattr(dm, "src_tokenizer", None) is not None:
+            checkpoint["tokenizers"] = {
+                "src": str(dm.src_tokenizer.model_path),
+                "tgt": str(dm.tgt_tokenizer.model_path),
+            }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self._rng_to_restore = checkpoint.get("rng_states")
+
+
+def get_rng_states() -> dict[str, Any]:
+    """The global random states, as tensors and plain values (loadable with weights_only)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])

@@ -1,0 +1,74 @@
+"""Optimizer parameter groups and the learning-rate schedule.
+
+Weight decay applies to weight matrices only (``p.dim() >= 2``), never to biases, LayerNorm
+parameters or embeddings (a tied output projection is the target embedding, so it is not decayed
+either). The schedule is the Transformer's: linear warmup to the peak learning rate, then decay
+with the inverse square root of the step.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+from collections.abc import Callable
+from typing import Any
+
+from torch import nn
+from torch.optim import Optimizer
+from torch.optim.lr_scheduler import LambdaLR
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Two AdamW groups: matrices with ``weight_decay``, everything else with none."""
+    embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    decay, no_decay = [], []
+    for p in model.parameters():  # shared (tied) parameters come once
+        if not p.requires_grad:
+            continue
+        (decay if p.dim() >= 2 and id(p) not in embeddings else no_decay).append(p)
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def build_optimizer(
+    model: nn.Module, optimizer: Callable[..., Optimizer], weight_decay: float
+) -> Optimizer:
+    """``optimizer`` is a partial (from Hydra's ``_partial_: true``) taking parameter groups.
+
+    AdamW's fused kernel is used when the parameters live on a GPU and this torch has it.
+    """
+    kwargs: dict[str, Any] = {}
+    on_gpu = any(p.is_cuda for p in model.parameters())
+    target = getattr(optimizer, "func", optimizer)
+    if on_gpu and "fused" in inspect.signature(target).parameters:
+        kwargs["fused"] = True
+    return optimizer(param_groups(model, weight_decay), **kwargs)
+
+
+def inverse_sqrt_factor(step: int, warmup_steps: int) -> float:
+    """Multiplier of the peak learning rate after ``step`` optimizer steps.
+
+    Linear warmup ``(step + 1) / warmup_steps`` up to 1 at ``step + 1 == warmup_steps``, then
+    ``sqrt(warmup_steps / (step + 1))``; with ``warmup_steps == 0`` only the decay, from step 1.
+    """
+    s = step + 1
+    if warmup_steps <= 0:
+        return 1.0 / math.sqrt(s)
+    return min(s / warmup_steps, math.sqrt(warmup_steps / s))
+
+
+def warmup_inverse_sqrt(optimizer: Optimizer, warmup_steps: int = 4000) -> LambdaLR:
+    """The schedule as a LambdaLR, to be stepped once per optimizer step."""
+    if warmup_steps < 0:
+        raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+    return LambdaLR(optimizer, lambda step: inverse_sqrt_factor(step, warmup_steps))
+
+
+__all__ = [
+    "build_optimizer",
+    "inverse_sqrt_factor",
+    "param_groups",
+    "warmup_inverse_sqrt",
+]

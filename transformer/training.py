@@ -1,0 +1,220 @@
+"""``train(cfg)``: a composed Hydra config -> a trained model, checkpoints and logs.
+
+The order matters: the whole config is checked first (model shape, data options, optimizer,
+trainer), so a misspelt option or an invalid value fails before any data is read or tokenized;
+then the data module, the model, loggers and callbacks are built and Lightning fits.
+"""
+
+from __future__ import annotations
+
+import difflib
+import logging
+from dataclasses import fields
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.types import RunMode
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import ProgressBar
+from omegaconf import DictConfig, OmegaConf
+
+from transformer.config import TransformerConfig
+from transformer.lit_module import TranslationModule
+
+log = logging.getLogger(__name__)
+
+PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
+
+
+class ConfigError(ValueError):
+    """An invalid option; the message names it (as typed on the command line) and the fix."""
+
+
+def _unknown_option(group: str, key: str, known: list[str]) -> ConfigError:
+    close = difflib.get_close_matches(key, known, n=1)
+    hint = f"; did you mean {group}.{close[0]}?" if close else f"; known: {', '.join(known)}"
+    return ConfigError(f"unknown option {group}.{key}{hint}")
+
+
+def model_config(cfg: DictConfig, pad_id: int | None = None) -> TransformerConfig:
+    """The validated :class:`TransformerConfig` of ``cfg.model`` (a ConfigError names the
+    offending ``model.*`` option)."""
+    options: dict[str, Any] = OmegaConf.to_container(cfg.model, resolve=True)  # type: ignore[assignment]
+    known = [f.name for f in fields(TransformerConfig)]
+    for key in options:
+        if key not in known:
+            raise _unknown_option("model", key, known)
+    if pad_id is not None:
+        options["pad_id"] = pad_id
+    try:
+        return TransformerConfig(**options)
+    except (ValueError, TypeError) as err:
+        raise ConfigError(f"invalid model option (model.*): {err}") from err
+
+
+def validate_config(cfg: DictConfig) -> TransformerConfig:
+    """Check every option that can be checked without data; return the model config."""
+    for key in ("data", "model", "optim", "trainer"):
+        if cfg.get(key) is None:
+            raise ConfigError(f"the config has no `{key}` group; pick one, e.g. {key}=...")
+    model_cfg = model_config(cfg)
+    data = cfg.data
+    if data.get("src_lang") == data.get("tgt_lang"):
+        raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}")
+    if int(data.get("vocab_size", 1)) <= 4:
+        raise ConfigError(
+            f"data.vocab_size={data.vocab_size} leaves no room beyond pad/unk/bos/eos"
+        )
+    if model_cfg.share_all_embeddings and not data.get("joint_vocab", True):
+        raise ConfigError(
+            "model.share_all_embeddings=true needs one joint vocabulary: set data.joint_vocab=true "
+            "or model.share_all_embeddings=false"
+        )
+    opt = cfg.optim.optimizer
+    if float(opt.get("lr", 1.0)) <= 0:
+        raise ConfigError(f"optim.optimizer.lr must be positive, got {opt.lr}")
+    if float(opt.get("weight_decay", 0.0)) < 0:
+        raise ConfigError(f"optim.optimizer.weight_decay must be >= 0, got {opt.weight_decay}")
+    sched = cfg.optim.get("scheduler")
+    if sched is not None and int(sched.get("warmup_steps", 0)) < 0:
+        raise ConfigError(f"optim.scheduler.warmup_steps must be >= 0, got {sched.warmup_steps}")
+    eps = float(cfg.loss.label_smoothing)
+    if not 0.0 <= eps < 1.0:
+        raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {eps}")
+    dec = cfg.validation.decoding
+    if dec.strategy != "greedy":
+        raise ConfigError(f"validation.decoding.strategy={dec.strategy!r}: only 'greedy' exists")
+    if float(dec.max_len_a) < 0 or int(dec.max_len_b) < 0:
+        raise ConfigError("validation.decoding.max_len_a and max_len_b must be >= 0")
+    n = cfg.validation.bleu_sentences
+    if n is not None and int(n) < 0:
+        raise ConfigError(f"validation.bleu_sentences must be >= 0 or null, got {n}")
+    tr = cfg.trainer
+    if str(tr.get("precision", "auto")) not in PRECISIONS:
+        raise ConfigError(f"trainer.precision={tr.precision!r}; choose one of {PRECISIONS}")
+    if int(tr.get("accumulate_grad_batches", 1)) < 1:
+        raise ConfigError(
+            f"trainer.accumulate_grad_batches must be >= 1, got {tr.accumulate_grad_batches}"
+        )
+    if tr.get("max_steps", -1) == -1 and tr.get("max_epochs", -1) in (-1, None):
+        if not tr.get("fast_dev_run"):
+            raise ConfigError("set trainer.max_steps or trainer.max_epochs: training would not end")
+    if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
+        raise ConfigError(f"ckpt_path={cfg.ckpt_path} is not a file")
+    return model_cfg
+
+
+def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
+    """Construct the data module (which checks its options and touches no data yet); an invalid
+    data option becomes a ConfigError with the module's own message."""
+    try:
+        return instantiate(cfg.data)
+    except InstantiationException as err:
+        cause = err.__cause__ if err.__cause__ is not None else err
+        raise ConfigError(f"invalid data option (data.*): {cause}") from err
+
+
+def resolve_precision(trainer_cfg: DictConfig) -> str:
+    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed), 32-true on CPU."""
+    precision = str(trainer_cfg.get("precision", "auto"))
+    if precision != "auto":
+        return precision
+    on_gpu = trainer_cfg.get("accelerator", "auto") in ("auto", "gpu", "cuda")
+    if on_gpu and torch.cuda.is_available():
+        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+    return "32-true"
+
+
+def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
+    """(wandb run name, group) unless set in the config. A sweep's jobs share one group named
+    after the experiment and the sweep's start; each is named by its overrides."""
+    name, group = cfg.get("run_name"), cfg.get("group")
+    experiment = cfg.get("experiment_name", "run")
+    if HydraConfig.initialized():
+        hc = HydraConfig.get()
+        if hc.mode == RunMode.MULTIRUN:
+            overrides = hc.job.override_dirname or f"job{hc.job.num}"
+            name = name or f"{experiment}-{overrides}"
+            group = group or f"{experiment}-{Path(hc.sweep.dir).name}"
+        else:
+            name = name or f"{experiment}-{Path(hc.runtime.output_dir).name}"
+    return name or experiment, group
+
+
+def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, dict):
+            out.update(flatten(v, key))
+        else:
+            out[key] = v
+    return out
+
+
+def _instantiate_group(group: DictConfig | None, **kwargs: Any) -> list[Any]:
+    if not group:
+        return []
+    return [instantiate(c, **kwargs) for c in group.values() if c is not None and "_target_" in c]
+
+
+def train(cfg: DictConfig) -> dict[str, float]:
+    """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
+    model_cfg = validate_config(cfg)  # before any data work
+    L.seed_everything(int(cfg.seed), workers=True)
+
+    datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
+    if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
+        datamodule.tgt_vocab_size != model_cfg.tgt_vocab_size
+    ):
+        raise ConfigError(
+            f"model vocab sizes {model_cfg.src_vocab_size}/{model_cfg.tgt_vocab_size} differ from "
+            f"the data's {datamodule.src_vocab_size}/{datamodule.tgt_vocab_size}; leave "
+            "model.src_vocab_size/tgt_vocab_size at ${data.vocab_size}"
+        )
+    model_cfg = model_config(cfg, pad_id=datamodule.pad_id)  # hand-off: the data's pad id
+    module = TranslationModule(
+        model=model_cfg.to_dict(),
+        optimizer=instantiate(cfg.optim.optimizer),
+        scheduler=instantiate(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
+        label_smoothing=float(cfg.loss.label_smoothing),
+        decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
+        val_bleu_sentences=cfg.validation.bleu_sentences,
+    )
+    log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
+
+    logger_cfg = cfg.get("logger")
+    if logger_cfg and "wandb" in logger_cfg:
+        name, group = run_identity(cfg)
+        logger_cfg = OmegaConf.merge(logger_cfg, {"wandb": {"name": name, "group": group}})
+        log.info("wandb run %r in group %r", name, group)
+    loggers = _instantiate_group(logger_cfg)
+    callbacks = _instantiate_group(cfg.get("callbacks"))
+    if not cfg.trainer.get("enable_progress_bar", True):
+        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    trainer: L.Trainer = instantiate(
+        cfg.trainer,
+        callbacks=callbacks,
+        logger=loggers or False,
+        precision=resolve_precision(cfg.trainer),
+    )
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    flat["model.num_parameters"] = module.model.num_parameters()
+    for lg in trainer.loggers:
+        lg.log_hyperparams(flat)
+
+    try:
+        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    finally:
+        if any(type(lg).__name__.endswith("WandbLogger") for lg in loggers):
+            import wandb
+
+            wandb.finish()
+    metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
+    if trainer.is_global_zero:
+        log.info("finished at step %d: %s", trainer.global_step, metrics)
+    return metrics
