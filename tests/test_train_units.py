@@ -10,7 +10,6 @@ import torch
 import torch.nn.functional as F
 
 from transformer.config import TransformerConfig
-from transformer.decoding import greedy_decode, max_output_lengths
 from transformer.lit_module import label_smoothed_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
@@ -86,31 +85,3 @@ def test_scores_and_signatures():
     assert s.chrf_signature.startswith("nrefs:1") and s.num_sentences == 2
     with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
         score_translations(hyps, refs[:1])
-
-
-def test_max_output_lengths():
-    lens = max_output_lengths(torch.tensor([0, 5, 100]), 1.2, 10, cap=50)
-    assert lens.tolist() == [10, 16, 50]
-
-
-def test_greedy_decode_equals_full_recompute_and_respects_limits():
-    torch.manual_seed(0)
-    model = tiny_model().eval()
-    src = torch.tensor([[5, 6, 7, 8, 3], [9, 10, 3, 0, 0]])
-    out = greedy_decode(model, src, bos_id=2, eos_id=3, max_len_a=1.0, max_len_b=3)
-    # Reference: recompute the whole prefix every step, no cache.
-    limits = max_output_lengths(src.ne(0).sum(1), 1.0, 3, model.cfg.max_positions - 1)
-    for row in range(2):
-        prefix = torch.tensor([[2]])
-        expect = []
-        for _ in range(int(limits[row])):
-            logits = model(src[row : row + 1, : int(src[row].ne(0).sum())], prefix)
-            tok = int(logits[0, -1].argmax())
-            expect.append(tok)
-            if tok == 3:
-                break
-            prefix = torch.cat([prefix, torch.tensor([[tok]])], 1)
-        got = out[row].tolist()[: len(expect)]
-        assert got == expect
-        assert all(t == 0 for t in out[row].tolist()[len(expect) :])
-    assert model.training is False

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.decoding.step import Stepper
+from transformer.decoding.greedy import max_output_lengths
+from transformer.decoding.step import Stepper, evaluating
 from transformer.masks import padding_mask
 from transformer.model import Transformer
 
@@ -69,63 +70,64 @@ def beam_search(
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
     B, K, device = src.size(0), beam_size, src.device
-    src_len = (~src_pad_mask).sum(1)  # (B,)
-    longest = model.cfg.max_positions - 1  # the decoder reads bos + every token but eos
-    max_len = (max_len_a * src_len + max_len_b).long().clamp(min=min_len, max=longest)
+    max_len = max_output_lengths(
+        (~src_pad_mask).sum(1), max_len_a, max_len_b, min_len, model.cfg.max_positions - 1
+    )  # (B,) tokens before eos; the decoder reads bos + every token but eos
     L = int(max_len.max()) + 1  # steps, eos included
 
-    stepper = Stepper(model, src, src_pad_mask, use_cache)
-    stepper.reorder(torch.arange(B, device=device).repeat_interleave(K))  # K rows per sentence
-    prefixes = torch.full((B * K, 1), bos_id, device=device)  # (B*K, t + 1)
-    scores = torch.full((B, K), float("-inf"), device=device)
-    scores[:, 0] = 0.0  # one live beam at first, or the K beams would be K copies
-    fin_scores = torch.full((B, K), float("-inf"), device=device)
-    fin_tokens = torch.full((B, K, L), pad_id, device=device)
-    done = torch.zeros(B, dtype=torch.bool, device=device)
-    row_offset = torch.arange(B, device=device).unsqueeze(1) * K  # (B, 1)
-    order = torch.arange(2 * K, device=device)
+    with evaluating(model):
+        stepper = Stepper(model, src, src_pad_mask, use_cache)
+        stepper.reorder(torch.arange(B, device=device).repeat_interleave(K))  # K rows per sentence
+        prefixes = torch.full((B * K, 1), bos_id, device=device)  # (B*K, t + 1)
+        scores = torch.full((B, K), float("-inf"), device=device)
+        scores[:, 0] = 0.0  # one live beam at first, or the K beams would be K copies
+        fin_scores = torch.full((B, K), float("-inf"), device=device)
+        fin_tokens = torch.full((B, K, L), pad_id, device=device)
+        done = torch.zeros(B, dtype=torch.bool, device=device)
+        row_offset = torch.arange(B, device=device).unsqueeze(1) * K  # (B, 1)
+        order = torch.arange(2 * K, device=device)
 
-    for t in range(L):  # t tokens generated so far
-        lprobs = stepper.log_probs(prefixes)  # (B*K, V)
-        lprobs[:, [pad_id, bos_id]] = float("-inf")
-        if t < min_len:
-            lprobs[:, eos_id] = float("-inf")
-        lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], no_repeat_ngram_size)
-        V = lprobs.size(-1)
-        lprobs = lprobs.view(B, K, V)
-        last = (t >= max_len).view(B, 1, 1)  # this token must be eos
-        not_eos = torch.arange(V, device=device) != eos_id
-        lprobs = lprobs.masked_fill(last & not_eos, float("-inf"))
+        for t in range(L):  # t tokens generated so far
+            lprobs = stepper.log_probs(prefixes)  # (B*K, V)
+            lprobs[:, [pad_id, bos_id]] = float("-inf")
+            if t < min_len:
+                lprobs[:, eos_id] = float("-inf")
+            lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], no_repeat_ngram_size)
+            V = lprobs.size(-1)
+            lprobs = lprobs.view(B, K, V)
+            last = (t >= max_len).view(B, 1, 1)  # this token must be eos
+            not_eos = torch.arange(V, device=device) != eos_id
+            lprobs = lprobs.masked_fill(last & not_eos, float("-inf"))
 
-        cand_scores, cand = (scores.unsqueeze(-1) + lprobs).view(B, K * V).topk(2 * K, dim=1)
-        cand_beam, cand_tok = cand // V, cand % V  # (B, 2K)
-        history = prefixes.view(B, K, t + 1)[..., 1:].gather(
-            1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
-        )  # (B, 2K, t)
-        cand_seq = torch.cat([history, cand_tok.unsqueeze(-1)], dim=-1)  # (B, 2K, t + 1)
+            cand_scores, cand = (scores.unsqueeze(-1) + lprobs).view(B, K * V).topk(2 * K, dim=1)
+            cand_beam, cand_tok = cand // V, cand % V  # (B, 2K)
+            history = prefixes.view(B, K, t + 1)[..., 1:].gather(
+                1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
+            )  # (B, 2K, t)
+            cand_seq = torch.cat([history, cand_tok.unsqueeze(-1)], dim=-1)  # (B, 2K, t + 1)
 
-        # Finish the eos candidates among the top K, merged with the finished so far.
-        is_eos = cand_tok.eq(eos_id) & cand_scores.isfinite()
-        finishing = is_eos[:, :K] & ~done.unsqueeze(1)
-        normalised = cand_scores[:, :K] / (t + 1) ** len_penalty
-        fin_scores, pick = torch.cat(
-            [fin_scores, normalised.masked_fill(~finishing, float("-inf"))], dim=1
-        ).topk(K, dim=1)  # (B, K)
-        new_tokens = torch.nn.functional.pad(cand_seq[:, :K], (0, L - t - 1), value=pad_id)
-        fin_tokens = torch.cat([fin_tokens, new_tokens], 1).gather(
-            1, pick.unsqueeze(-1).expand(-1, -1, L)
-        )  # (B, K, L)
+            # Finish the eos candidates among the top K, merged with the finished so far.
+            is_eos = cand_tok.eq(eos_id) & cand_scores.isfinite()
+            finishing = is_eos[:, :K] & ~done.unsqueeze(1)
+            normalised = cand_scores[:, :K] / (t + 1) ** len_penalty
+            fin_scores, pick = torch.cat(
+                [fin_scores, normalised.masked_fill(~finishing, float("-inf"))], dim=1
+            ).topk(K, dim=1)  # (B, K)
+            new_tokens = torch.nn.functional.pad(cand_seq[:, :K], (0, L - t - 1), value=pad_id)
+            fin_tokens = torch.cat([fin_tokens, new_tokens], 1).gather(
+                1, pick.unsqueeze(-1).expand(-1, -1, L)
+            )  # (B, K, L)
 
-        # Continue with the best K candidates that did not end in eos.
-        live = torch.where(is_eos, order + 2 * K, order).topk(K, dim=1, largest=False).indices
-        scores = cand_scores.gather(1, live)
-        done = done | fin_scores[:, -1].isfinite() | last.view(B)
-        scores = scores.masked_fill(done.unsqueeze(1), float("-inf"))
-        rows = (row_offset + cand_beam.gather(1, live)).view(-1)  # (B*K,)
-        stepper.reorder(rows)
-        prefixes = torch.cat([prefixes[rows], cand_tok.gather(1, live).view(-1, 1)], dim=1)
-        if bool(done.all()):
-            break
+            # Continue with the best K candidates that did not end in eos.
+            live = torch.where(is_eos, order + 2 * K, order).topk(K, dim=1, largest=False).indices
+            scores = cand_scores.gather(1, live)
+            done = done | fin_scores[:, -1].isfinite() | last.view(B)
+            scores = scores.masked_fill(done.unsqueeze(1), float("-inf"))
+            rows = (row_offset + cand_beam.gather(1, live)).view(-1)  # (B*K,)
+            stepper.reorder(rows)
+            prefixes = torch.cat([prefixes[rows], cand_tok.gather(1, live).view(-1, 1)], dim=1)
+            if bool(done.all()):
+                break
 
     return _hypotheses(fin_scores[:, :nbest].cpu(), fin_tokens[:, :nbest].cpu(), eos_id)
 

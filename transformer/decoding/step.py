@@ -7,10 +7,24 @@ the uncached paths are interchangeable (and compared in tests and benchmarks).
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
 from transformer.model import Transformer
+
+
+@contextmanager
+def evaluating(model: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) inside, the model's previous mode restored after."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield
+    finally:
+        model.train(was_training)
 
 
 class Stepper:

@@ -1,12 +1,13 @@
-"""Beam search: exact hypotheses from a scripted decoder, and agreement checks on a real model."""
+"""Decoding: beam hypotheses from a scripted decoder; greedy, beam, cached, uncached agree."""
 
 import math
 
 import pytest
 import torch
+from torch import nn
 
 from transformer import Transformer, TransformerConfig
-from transformer.decoding import beam_search
+from transformer.decoding import beam_search, greedy_decode, max_output_lengths
 
 PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
 V = 7
@@ -23,13 +24,14 @@ class ScriptedCache:
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
 
-class ScriptedModel:
+class ScriptedModel(nn.Module):
     """A decoder whose next-token distribution is written by hand for each prefix.
 
     Prefixes missing from the script end at once (eos with probability 1).
     """
 
     def __init__(self, script: dict[tuple[int, ...], dict[int, float]]) -> None:
+        super().__init__()
         self.script = script
         self.cfg = TransformerConfig(V, V, d_model=8, num_heads=1, pad_id=PAD)
 
@@ -131,29 +133,50 @@ def sources() -> torch.Tensor:
     return src
 
 
-def brute_force_greedy(model: Transformer, src: torch.Tensor, max_len: int) -> list[list[int]]:
+def brute_force_greedy(
+    model: Transformer, src: torch.Tensor, max_len: int, min_len: int
+) -> list[list[int]]:
     """Re-run the full model on the whole prefix at every step, one sentence at a time."""
     out = []
     for row in src:
         row = row[row.ne(PAD)].unsqueeze(0)
         prefix = [BOS]
-        while len(prefix) <= max_len:  # bos + max_len tokens
+        while True:
             logits = model(row, torch.tensor([prefix]))[0, -1]
             logits[[PAD, BOS]] = float("-inf")
-            token = int(logits.argmax())
-            if token == EOS:
+            if len(prefix) - 1 < min_len:
+                logits[EOS] = float("-inf")
+            if len(prefix) - 1 == max_len or int(logits.argmax()) == EOS:
                 break
-            prefix.append(token)
+            prefix.append(int(logits.argmax()))
         out.append(prefix[1:])
     return out
 
 
-def test_beam_size_one_equals_greedy() -> None:
-    model, src = random_model(), sources()
-    hyps = beam_search(
-        model, src, bos_id=BOS, eos_id=EOS, beam_size=1, min_len=0, max_len_a=0, max_len_b=12
-    )
-    assert [h[0].tokens for h in hyps] == [toks[:12] for toks in brute_force_greedy(model, src, 12)]
+def strip(row: list[int]) -> list[int]:
+    return row[: row.index(EOS)]
+
+
+@pytest.mark.parametrize("min_len", [0, 3])
+def test_greedy_equals_brute_force_and_beam_size_one(min_len: int) -> None:
+    model, src = random_model().train(), sources()
+    limits = dict(max_len_a=0.5, max_len_b=4, min_len=min_len)
+    out = greedy_decode(model, src, BOS, EOS, **limits)
+    assert model.training  # decoding ran in eval mode and restored the mode
+    model.eval()
+    greedy = [strip(row) for row in out.tolist()]
+    lengths = max_output_lengths(src.ne(PAD).sum(1), 0.5, 4, min_len, cap=1000).tolist()
+    assert greedy == [
+        brute_force_greedy(model, src[i : i + 1], lengths[i], min_len)[0] for i in range(len(src))
+    ]
+    beam = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=1, **limits)
+    assert [h[0].tokens for h in beam] == greedy
+
+
+def test_max_output_lengths() -> None:
+    lengths = max_output_lengths(torch.tensor([0, 5, 100]), 1.2, 10, min_len=1, cap=50)
+    assert lengths.tolist() == [10, 16, 50]
+    assert max_output_lengths(torch.tensor([0]), 0.0, 0, min_len=3, cap=50).tolist() == [3]
 
 
 def test_cached_equals_uncached_and_batched_equals_alone() -> None:
