@@ -7,76 +7,26 @@ import json
 import logging
 import math
 import os
-import random
 import re
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
+from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
 from transformer.training import ConfigError, model_config, train, validate_config
 
-REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
 
-WORDS_EN = (
-    "a the man woman dog cat child girl boy walks runs sits eats red blue green big small on in "
-    "near under street park house tree ball water bike car plays jumps looks"
-).split()
-WORDS_DE = (
-    "ein der mann frau hund katze kind mädchen junge geht läuft sitzt isst rot blau grün groß "
-    "klein auf in bei unter straße park haus baum ball wasser fahrrad auto spielt springt schaut"
-).split()
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
-    """train/val/test .en/.de files; German is a word-by-word image of English."""
-    root = tmp_path_factory.mktemp("corpus")
-    for split, n, seed in (("train", 400, 0), ("val", 32, 1), ("test", 32, 2)):
-        rng = random.Random(seed)
-        en, de = [], []
-        for _ in range(n):
-            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, 10))]
-            en.append(" ".join(WORDS_EN[i] for i in idx))
-            de.append(" ".join(WORDS_DE[i] for i in idx))
-        (root / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
-        (root / f"{split}.de").write_text("\n".join(de) + "\n", encoding="utf-8")
-    return root
-
-
-def tiny_overrides(corpus: Path) -> list[str]:
-    return [
-        "model=tiny",
-        "data=local",
-        f"data.root={corpus}",
-        f"data.cache_dir={corpus / 'cache'}",
-        "data.vocab_size=64",
-        "data.num_workers=0",
-        "data.max_tokens=512",
-        "logger=csv",
-        "trainer.accelerator=cpu",
-        "trainer.enable_progress_bar=false",
-        "trainer.enable_model_summary=false",
-        "trainer.log_every_n_steps=1",
-        "trainer.num_sanity_val_steps=0",
-        "validation.bleu_sentences=8",
-        "optim.optimizer.lr=3e-3",
-        "optim.scheduler.warmup_steps=10",
-    ]
-
-
-def compose_cfg(overrides: list[str], out_dir: Path | None = None):
-    out = [f"paths.output_dir={out_dir}"] if out_dir is not None else ["paths.output_dir=unused"]
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("train", overrides=[*out, *overrides])
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def read_metrics(out_dir: Path) -> list[dict[str, str]]:
@@ -146,6 +96,7 @@ def test_misspelt_option_is_named():
         ("data.max_tokens=10", "data.max_tokens"),
         ("data.tgt_lang=en", "data.src_lang and data.tgt_lang"),
         ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
+        ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):
@@ -228,7 +179,7 @@ def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
     cmd = [
         sys.executable, "train.py", "-m", "model.num_heads=1,2",
         *[o for o in tiny_overrides(corpus) if not o.startswith("logger=")],
-        "trainer.max_steps=3", "validation.bleu_sentences=0",
+        "trainer.max_steps=3", "validation.bleu_sentences=0", "~callbacks.best_checkpoint",
         f"hydra.sweep.dir={tmp_path / 'sweep'}",
     ]  # fmt: skip
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

@@ -212,9 +212,11 @@ class TranslationModule(L.LightningModule):
         checkpoint["rng_states"] = get_rng_states()
         dm = getattr(self.trainer, "datamodule", None)
         if dm is not None and getattr(dm, "src_tokenizer", None) is not None:
+            # The SentencePiece models travel inside the checkpoint, so it can be evaluated on a
+            # machine without the training run's data/ folder.
             checkpoint["tokenizers"] = {
-                "src": str(dm.src_tokenizer.model_path),
-                "tgt": str(dm.tgt_tokenizer.model_path),
+                side: {"name": tok.model_path.name, "model": tok.to_bytes()}
+                for side, tok in (("src", dm.src_tokenizer), ("tgt", dm.tgt_tokenizer))
             }
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -93,6 +93,16 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     n = cfg.validation.bleu_sentences
     if n is not None and int(n) < 0:
         raise ConfigError(f"validation.bleu_sentences must be >= 0 or null, got {n}")
+    monitored = [
+        f"callbacks.{name}.monitor={c.monitor}"
+        for name, c in (cfg.get("callbacks") or {}).items()
+        if c is not None and str(c.get("monitor", "")).startswith("val/bleu")
+    ]
+    if n == 0 and monitored:
+        raise ConfigError(
+            f"validation.bleu_sentences=0 turns val/bleu off, but {monitored[0]} needs it; "
+            "drop that checkpoint with ~callbacks.best_checkpoint, or keep some BLEU sentences"
+        )
     tr = cfg.trainer
     if str(tr.get("precision", "auto")) not in PRECISIONS:
         raise ConfigError(f"trainer.precision={tr.precision!r}; choose one of {PRECISIONS}")

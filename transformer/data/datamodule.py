@@ -94,6 +94,7 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError("set data.max_tokens (token budget) or data.batch_size (sentences)")
         if source in ("multi30k", "local") and root is None:
             raise ValueError(f"data={source} needs data.root, the directory with the files")
+        self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
         self.source_name, self.root = source, root
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.vocab_size, self.spm_model_type, self.joint_vocab = (

@@ -28,9 +28,14 @@ MODEL_TYPES = ("unigram", "bpe")
 class Tokenizer:
     """A trained SentencePiece model: text <-> piece ids, no bos/eos (the collator adds them)."""
 
-    def __init__(self, model_path: str | os.PathLike) -> None:
+    def __init__(self, model_path: str | os.PathLike, *, model_proto: bytes | None = None) -> None:
+        """Load ``model_path``, or, given ``model_proto`` (the model's bytes, as a checkpoint
+        carries them), build from those; ``model_path`` then only names it."""
         self.model_path = Path(model_path)
-        self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+        if model_proto is not None:
+            self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        else:
+            self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
         ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise DataError(
@@ -41,6 +46,10 @@ class Tokenizer:
     @property
     def vocab_size(self) -> int:
         return self._sp.get_piece_size()
+
+    def to_bytes(self) -> bytes:
+        """The serialized model: ``Tokenizer(name, model_proto=...)`` rebuilds it anywhere."""
+        return self._sp.serialized_model_proto()
 
     def encode(self, text: str) -> list[int]:
         return self._sp.encode(text, out_type=int)
@@ -62,10 +71,10 @@ class Tokenizer:
         return self._sp.decode(kept)
 
     def __getstate__(self) -> dict:
-        return {"model_path": self.model_path}
+        return {"model_path": self.model_path, "model_proto": self.to_bytes()}
 
     def __setstate__(self, state: dict) -> None:
-        self.__init__(state["model_path"])
+        self.__init__(state["model_path"], model_proto=state["model_proto"])
 
 
 def train_tokenizer(

@@ -1,0 +1,132 @@
+"""evaluate.py end to end on a tiny trained checkpoint; checkpoint averaging and bad checkpoints."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import sacrebleu
+import torch
+from hydra import compose, initialize_config_dir
+from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
+
+from transformer.checkpoints import CheckpointError, load_checkpoint
+from transformer.checkpoints import main as average_main
+from transformer.evaluation import evaluate
+from transformer.training import train
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, Path]:
+    """A tiny model trained briefly; the training data's cache is deleted afterwards, so
+    evaluation can only use what the checkpoint carries (and the raw corpus)."""
+    corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
+    out = tmp_path_factory.mktemp("run")
+    overrides = [*tiny_overrides(corpus), "trainer.max_steps=40"]
+    train(compose_cfg(overrides, out))
+    shutil.rmtree(corpus / "cache")
+    return out / "checkpoints" / "last.ckpt", corpus
+
+
+def eval_cfg(overrides: list[str], out_dir: Path):
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
+
+
+def lines(path: Path) -> list[str]:
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) -> None:
+    ckpt, corpus = trained
+    metrics = evaluate(
+        eval_cfg([f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3"], tmp_path)
+    )
+    written = json.loads((tmp_path / "metrics.json").read_text())
+    assert written == json.loads(json.dumps(metrics))
+    hyps, refs = lines(tmp_path / "hypotheses.txt"), lines(corpus / "test.de")
+    assert len(hyps) == len(refs) == written["num_sentences"] == 32
+    assert written["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    lowercased = sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
+    assert written["bleu_lc"] == pytest.approx(lowercased)
+    assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
+    assert "tok:13a" in written["signature"]["bleu"]
+    assert "case:lc" in written["signature"]["bleu_lc"]
+    assert written["split"] == "test" and written["direction"] == "en-de"
+    assert written["decode"]["beam_size"] == 3
+
+
+def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
+    ckpt, corpus = trained
+    evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode=greedy"], tmp_path / "split"))
+    text = tmp_path / "input.txt"
+    text.write_text("\n".join(lines(corpus / "test.en")[:5] + ["", "a dog"]) + "\n")
+    out = evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode=greedy", f"input={text}"], tmp_path))
+    translations = lines(tmp_path / "hypotheses.txt")
+    assert translations[:5] == lines(tmp_path / "split" / "hypotheses.txt")[:5]
+    assert translations[5] == "" and len(out["translations"]) == 7
+
+
+def test_averaged_checkpoint(trained, tmp_path) -> None:
+    ckpt, _ = trained
+    tripled = load_checkpoint(ckpt)
+    tripled["state_dict"] = {k: v * 3 for k, v in tripled["state_dict"].items()}
+    torch.save(tripled, tmp_path / "tripled.ckpt")
+    average_main([str(tmp_path / "avg.ckpt"), str(ckpt), str(tmp_path / "tripled.ckpt")])
+    averaged, original = load_checkpoint(tmp_path / "avg.ckpt"), load_checkpoint(ckpt)
+    for key, value in original["state_dict"].items():
+        torch.testing.assert_close(averaged["state_dict"][key], value * 2)
+    assert "optimizer_states" not in averaged
+    # The same average, made on the fly, evaluates to the same translations.
+    evaluate(eval_cfg([f"ckpt_path={tmp_path / 'avg.ckpt'}", "decode=greedy"], tmp_path / "a"))
+    both = f"ckpt_path=[{ckpt},{tmp_path / 'tripled.ckpt'}]"
+    evaluate(eval_cfg([both, "decode=greedy"], tmp_path / "b"))
+    assert lines(tmp_path / "a" / "hypotheses.txt") == lines(tmp_path / "b" / "hypotheses.txt")
+
+
+def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
+    ckpt, _ = trained
+    other = load_checkpoint(ckpt)
+    other["hyper_parameters"]["model"]["tgt_vocab_size"] = 80
+    torch.save(other, tmp_path / "other.ckpt")
+    with pytest.raises(CheckpointError, match="has 64 pieces but the model's tgt_vocab_size is 80"):
+        evaluate(eval_cfg([f"ckpt_path={tmp_path / 'other.ckpt'}"], tmp_path))
+
+
+def test_truncated_or_missing_checkpoint_is_named(trained, tmp_path) -> None:
+    ckpt, _ = trained
+    truncated = tmp_path / "truncated.ckpt"
+    truncated.write_bytes(ckpt.read_bytes()[:5000])
+    with pytest.raises(CheckpointError, match=f"checkpoint {truncated} cannot be read"):
+        evaluate(eval_cfg([f"ckpt_path={truncated}"], tmp_path))
+    with pytest.raises(CheckpointError, match="does not exist"):
+        evaluate(eval_cfg([f"ckpt_path={tmp_path / 'nothing.ckpt'}"], tmp_path))
+
+
+def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
+    ckpt, corpus = trained
+    run = [sys.executable, "evaluate.py", f"ckpt_path={ckpt}", "decode.beam_size=2"]
+    done = subprocess.run(
+        [*run, f"hydra.run.dir={tmp_path / 'score'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    assert "BLEU = " in done.stdout and "chrF = " in done.stdout and "nrefs:1" in done.stdout
+    assert (tmp_path / "score" / "metrics.json").is_file()
+    piped = subprocess.run(
+        [*run, "input=-", "decode.nbest=2", f"hydra.run.dir={tmp_path / 'stdin'}"],
+        cwd=REPO, input="a dog runs\nthe man\n", capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert piped.returncode == 0, piped.stderr
+    assert len(piped.stdout.splitlines()) == 4  # 2 lines x 2-best, "score<TAB>text" each
+    missing = subprocess.run(
+        [sys.executable, "evaluate.py", f"ckpt_path={tmp_path / 'none.ckpt'}",
+         f"hydra.run.dir={tmp_path / 'missing'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert missing.returncode != 0
+    assert "error: checkpoint" in missing.stderr and "Traceback" not in missing.stderr

@@ -1,0 +1,137 @@
+"""Training checkpoints as evaluation reads them: load with clear errors, rebuild, average.
+
+A checkpoint written by ``train.py`` holds the model config (``hyper_parameters.model``), the
+weights (``state_dict``, prefixed ``model.``), the data settings
+(``datamodule_hyper_parameters``) and both SentencePiece models (``tokenizers``), so it evaluates
+anywhere. Averaging: ``python -m transformer.checkpoints OUT.ckpt IN1.ckpt IN2.ckpt ...``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from transformer.config import TransformerConfig
+from transformer.data.tokenizer import Tokenizer
+from transformer.model import Transformer
+
+log = logging.getLogger(__name__)
+
+# What evaluation needs; optimizer, scheduler and loop states are for resuming only.
+KEPT_FOR_EVALUATION = ("hyper_parameters", "datamodule_hyper_parameters", "tokenizers")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong."""
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    if not path.is_file():
+        raise CheckpointError(f"checkpoint {path} does not exist")
+    try:
+        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # a truncated zip, a pickle of something else, ...
+        raise CheckpointError(
+            f"checkpoint {path} cannot be read, it is truncated or not a checkpoint "
+            f"({type(err).__name__}: {str(err).splitlines()[0]})"
+        ) from err
+    if (
+        not isinstance(ckpt, dict)
+        or "state_dict" not in ckpt
+        or "model" not in ckpt.get("hyper_parameters", {})
+    ):
+        raise CheckpointError(f"{path} is not a checkpoint written by train.py (no model config)")
+    return ckpt
+
+
+def model_from_checkpoint(ckpt: dict[str, Any]) -> Transformer:
+    model = Transformer(TransformerConfig(**ckpt["hyper_parameters"]["model"]))
+    prefix = "model."
+    state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    model.load_state_dict(state)
+    return model
+
+
+def tokenizers_from_checkpoint(
+    ckpt: dict[str, Any], path: str | os.PathLike
+) -> tuple[Tokenizer, Tokenizer]:
+    """The (source, target) tokenizers the checkpoint carries, checked against its model."""
+    stored = ckpt.get("tokenizers")
+    if not stored or not all(isinstance(stored.get(s), dict) for s in ("src", "tgt")):
+        raise CheckpointError(f"{path} carries no tokenizer models; it was not written by train.py")
+    src, tgt = (
+        Tokenizer(stored[s]["name"], model_proto=stored[s]["model"]) for s in ("src", "tgt")
+    )
+    model = ckpt["hyper_parameters"]["model"]
+    for side, tok, size in (("source", src, "src_vocab_size"), ("target", tgt, "tgt_vocab_size")):
+        if tok.vocab_size != model[size]:
+            raise CheckpointError(
+                f"{path}: the {side} tokenizer {tok.model_path.name} has {tok.vocab_size} pieces "
+                f"but the model's {size} is {model[size]}; the tokenizer does not belong to it"
+            )
+    return src, tgt
+
+
+def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
+    """The element-wise mean of the checkpoints' weights (Vaswani et al.'s checkpoint averaging).
+
+    They must share the model config and tokenizers; the result keeps what evaluation needs.
+    """
+    if not paths:
+        raise CheckpointError("no checkpoints to average")
+    ckpts = [load_checkpoint(p) for p in paths]
+    first, first_path = ckpts[0], paths[0]
+    for path, ckpt in zip(paths[1:], ckpts[1:], strict=True):
+        if ckpt["hyper_parameters"]["model"] != first["hyper_parameters"]["model"]:
+            raise CheckpointError(f"{path} and {first_path} hold models of different configs")
+        if ckpt["state_dict"].keys() != first["state_dict"].keys():
+            raise CheckpointError(f"{path} and {first_path} hold different sets of weights")
+        if ckpt.get("tokenizers") != first.get("tokenizers"):
+            raise CheckpointError(f"{path} and {first_path} were trained with other tokenizers")
+    state = {}
+    for key, value in first["state_dict"].items():
+        if value.is_floating_point():
+            total = sum(c["state_dict"][key].double() for c in ckpts)
+            state[key] = (total / len(ckpts)).to(value.dtype)
+        else:
+            state[key] = value
+    averaged = {k: first[k] for k in KEPT_FOR_EVALUATION if k in first}
+    averaged.update(state_dict=state, averaged_from=[str(p) for p in paths])
+    return averaged
+
+
+def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
+    """Write atomically: a reader never sees a half-written file under ``path``."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    torch.save(ckpt, tmp)
+    os.replace(tmp, path)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.checkpoints",
+        description="Average the weights of several checkpoints into one (for evaluation).",
+    )
+    parser.add_argument("output", help="path of the averaged checkpoint to write")
+    parser.add_argument("inputs", nargs="+", help="checkpoints of one training run")
+    args = parser.parse_args(argv)
+    try:
+        averaged = average_checkpoints(args.inputs)
+    except CheckpointError as err:
+        parser.exit(2, f"error: {err}\n")
+    save_checkpoint(averaged, args.output)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    log.info("averaged %d checkpoints into %s", len(args.inputs), args.output)
+
+
+if __name__ == "__main__":
+    main()

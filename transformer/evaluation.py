@@ -1,0 +1,107 @@
+"""``evaluate(cfg)``: score a checkpoint on a corpus split, or translate lines of text.
+
+Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
+:func:`transformer.metrics.score_translations`, the function training's ``val/bleu`` uses.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import DictConfig, ListConfig, OmegaConf
+
+from transformer.checkpoints import (
+    average_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    tokenizers_from_checkpoint,
+)
+from transformer.data.datamodule import TranslationDataModule
+from transformer.metrics import score_translations
+from transformer.translate import DecodeOptions, Translator
+
+log = logging.getLogger(__name__)
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda, but no GPU is available; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+def _checkpoint(ckpt_path: Any) -> tuple[dict[str, Any], list[str]]:
+    paths = [str(p) for p in ckpt_path] if isinstance(ckpt_path, (list, ListConfig)) else None
+    if paths is None:
+        return load_checkpoint(ckpt_path), [str(ckpt_path)]
+    return (average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])), paths
+
+
+def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> TranslationDataModule:
+    settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    given = {k: v for k, v in OmegaConf.to_container(overrides).items() if v is not None}
+    if not settings and "source" not in given:
+        raise ValueError(
+            f"{path} records no data settings; name the corpus, e.g. data.source=multi30k "
+            "data.root=DIR data.src_lang=en data.tgt_lang=de"
+        )
+    return TranslationDataModule(**{**settings, **given})
+
+
+def _read_input(input_path: str) -> list[str]:
+    if input_path == "-":
+        return sys.stdin.read().splitlines()
+    path = Path(input_path)
+    if not path.is_file():
+        raise ValueError(f"input={input_path}: no such file")
+    return path.read_text(encoding="utf-8").splitlines()
+
+
+def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    """Translate and score as configured; write hypotheses.txt (and metrics.json) to
+    ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations)."""
+    options = DecodeOptions(**OmegaConf.to_container(cfg.decode))  # checked before any work
+    device = _device(cfg.device)
+    out_dir = Path(cfg.paths.output_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    ckpt, paths = _checkpoint(cfg.ckpt_path)
+    src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
+    translator = Translator(model_from_checkpoint(ckpt).to(device), src_tok, tgt_tok)
+    decode_settings = OmegaConf.to_container(cfg.decode)
+
+    if cfg.input is not None:
+        lines = _read_input(str(cfg.input))
+        translations = translator.translate(lines, options)
+        texts = [t.text for sentence in translations for t in sentence]
+        (out_dir / "hypotheses.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        return {"translations": translations, "decode": decode_settings}
+
+    datamodule = _datamodule(ckpt, cfg.data, paths[0])
+    split = datamodule.split_names.get(cfg.split, cfg.split)
+    sources, references = datamodule.sources(split), datamodule.references(split)
+    hypotheses = [t[0].text for t in translator.translate(sources, options)]
+    scores = score_translations(hypotheses, references)
+    metrics = {
+        "bleu": scores.bleu,
+        "bleu_lc": scores.bleu_lc,
+        "chrf": scores.chrf,
+        "signature": {
+            "bleu": scores.bleu_signature,
+            "bleu_lc": scores.bleu_lc_signature,
+            "chrf": scores.chrf_signature,
+        },
+        "split": split,
+        "direction": f"{datamodule.src_lang}-{datamodule.tgt_lang}",
+        "num_sentences": scores.num_sentences,
+        "decode": decode_settings,
+        "checkpoints": paths,
+    }
+    (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
+    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    return metrics

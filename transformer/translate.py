@@ -1,0 +1,101 @@
+"""Text in, text out: tokenize, batch by length, decode, detokenize, restore the input order."""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+
+import torch
+
+from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from transformer.decoding import beam_search, greedy_decode
+from transformer.model import Transformer
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class DecodeOptions:
+    """How to search; the Hydra group ``decode`` sets these (``decode.beam_size=5``, ...)."""
+
+    beam_size: int = 5  # 1 = greedy
+    len_penalty: float = 1.0  # score = log-probability / length ** len_penalty
+    max_len_a: float = 1.2  # at most a * source length + b tokens before eos
+    max_len_b: int = 10
+    min_len: int = 1  # at least this many tokens before eos
+    nbest: int = 1  # hypotheses per sentence (<= beam_size)
+    no_repeat_ngram_size: int = 0  # forbid repeating any n-gram of this size (0 = off)
+    max_tokens: int = 4096  # source tokens (padding included) per batch
+
+    def __post_init__(self) -> None:
+        if self.beam_size < 1:
+            raise ValueError(f"decode.beam_size must be >= 1, got {self.beam_size}")
+        if not 1 <= self.nbest <= self.beam_size:
+            raise ValueError(
+                f"decode.nbest={self.nbest} must be between 1 and decode.beam_size={self.beam_size}"
+            )
+        if self.min_len < 0 or self.max_len_a < 0 or self.max_tokens < 1:
+            raise ValueError("decode.min_len, decode.max_len_a and decode.max_tokens must be >= 0")
+
+
+@dataclass
+class Translation:
+    text: str
+    score: float | None  # beam score; None for greedy
+
+
+class Translator:
+    def __init__(
+        self, model: Transformer, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer
+    ) -> None:
+        self.model = model.eval()
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.device = next(model.parameters()).device
+
+    def _encode(self, lines: list[str]) -> list[list[int]]:
+        longest = self.model.cfg.max_positions
+        ids = [seq + [EOS_ID] for seq in self.src_tokenizer.encode_batch(lines)]
+        too_long = [i for i, seq in enumerate(ids) if len(seq) > longest]
+        if too_long:
+            log.warning(
+                "%d input line(s) have more than max_positions=%d pieces and are cut to fit "
+                "(first: line %d)", len(too_long), longest, too_long[0] + 1,
+            )  # fmt: skip
+            ids = [seq[: longest - 1] + [EOS_ID] if len(seq) > longest else seq for seq in ids]
+        return ids
+
+    def translate(self, lines: list[str], options: DecodeOptions) -> list[list[Translation]]:
+        """Each line's ``options.nbest`` translations, best first; blank lines give ""."""
+        results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
+        todo = [i for i, line in enumerate(lines) if line.strip()]
+        ids = dict(zip(todo, self._encode([lines[i] for i in todo]), strict=True))
+        order = sorted(todo, key=lambda i: len(ids[i]), reverse=True)
+        start = 0
+        while start < len(order):
+            longest = len(ids[order[start]])
+            count = max(1, min(len(order) - start, options.max_tokens // longest))
+            batch = order[start : start + count]
+            start += count
+            src = torch.zeros(len(batch), longest, dtype=torch.long)
+            for row, i in enumerate(batch):
+                src[row, : len(ids[i])] = torch.tensor(ids[i])
+            for i, hyps in zip(batch, self._decode(src.to(self.device), options), strict=True):
+                results[i] = hyps
+        return results
+
+    def _decode(self, src: torch.Tensor, options: DecodeOptions) -> list[list[Translation]]:
+        limits = dict(
+            max_len_a=options.max_len_a, max_len_b=options.max_len_b, min_len=options.min_len
+        )
+        if options.beam_size == 1 and options.no_repeat_ngram_size == 0:
+            out = greedy_decode(self.model, src, BOS_ID, EOS_ID, **limits)
+            return [[Translation(self.tgt_tokenizer.decode(row), None)] for row in out.tolist()]
+        hyps = beam_search(
+            self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=options.beam_size,
+            len_penalty=options.len_penalty, nbest=options.nbest,
+            no_repeat_ngram_size=options.no_repeat_ngram_size, **limits,
+        )  # fmt: skip
+        return [
+            [Translation(self.tgt_tokenizer.decode(h.tokens), h.score) for h in sentence]
+            for sentence in hyps
+        ]
