@@ -20,6 +20,9 @@ class ScriptedCache:
         self.prefixes: list[tuple[int, ...]] = [()] * rows
         self.offset = 0
 
+    def expand_beams(self, k: int) -> None:
+        self.prefixes = [p for p in self.prefixes for _ in range(k)]
+
     def reorder(self, index: torch.Tensor) -> None:
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 

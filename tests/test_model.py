@@ -89,6 +89,28 @@ def test_reordered_cache_equals_recomputed_cache() -> None:
     assert cache.offset == 6
 
 
+def test_beams_share_one_copy_of_the_cross_attention_cache() -> None:
+    model = tiny(num_kv_heads=2)
+    src = torch.cat([tokens(2, 5), torch.full((2, 3), PAD)], 1)
+    src[1, 5:] = tokens(3)
+    tgt = tokens(6, 5)  # 3 beams for each of the 2 sentences
+    cache = model.init_cache(model.encode(src), src.eq(PAD))
+    cache.expand_beams(3)
+    for t in range(2):
+        model.decode(tgt[:, t : t + 1], cache=cache)
+    order = torch.tensor([2, 2, 0, 3, 5, 4])  # survivors stay within their sentence
+    cache.reorder(order)
+    maps = AttentionMaps()
+    steps = [model.decode(tgt[order, t : t + 1], cache=cache, attention=maps) for t in range(2, 5)]
+    recomputed = model(src.repeat_interleave(3, 0)[order], tgt[order])
+    torch.testing.assert_close(torch.cat(steps, 1), recomputed[:, 2:], atol=1e-5, rtol=1e-5)
+    assert cache.cross_attn[0].k.size(0) == 2  # one copy per sentence, never per beam
+    assert maps.cross[0].shape == (6, 4, 1, 8)
+    assert torch.all(maps.cross[0][:3, :, :, 5:] == 0)  # the first sentence's padding
+    with pytest.raises(ValueError, match="expand_beams comes once"):
+        cache.expand_beams(2)
+
+
 def test_attention_maps_capture_every_layer_and_head() -> None:
     model = tiny()
     src = torch.cat([tokens(2, 5), torch.full((2, 2), PAD)], 1)

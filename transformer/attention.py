@@ -138,11 +138,18 @@ class MultiheadAttention(nn.Module):
             if cache is not None:
                 offset = cache.length
                 k, v = cache.append(k, v)  # (B, Hkv, offset + Tq, Dh)
+        # Beam search keeps one set of cross-attention K/V per sentence: the queries of its
+        # `beams` decoder rows attend as one block of beams * Tq query positions.
+        beams = B // k.size(0)
+        if beams > 1:
+            q = (
+                q.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)
+            )  # (B/beams, H, beams*Tq, Dh)
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
 
         if need_weights:
-            allowed = attention_allowed(key_padding_mask, causal, Tq, Tk, offset, x.device)
+            allowed = attention_allowed(key_padding_mask, causal, q.size(2), Tk, offset, x.device)
             out, weights = explicit_attention(q, k, v, allowed, dropout_p)
         else:
             weights = None
@@ -155,5 +162,9 @@ class MultiheadAttention(nn.Module):
                 q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
                 enable_gqa=self.num_kv_heads != self.num_heads,
             )  # fmt: skip
+        if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
+            out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
+            if weights is not None:
+                weights = weights.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
         out = out.transpose(1, 2).reshape(B, Tq, self.d_model)  # merge heads: (B, Tq, H * Dh)
         return self.out_proj(out), weights

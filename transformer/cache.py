@@ -45,11 +45,17 @@ class DecoderCache:
     Per decoder layer: the self-attention cache (grows one step per call) and the cross-attention
     cache (the encoder output's keys and values, computed once). With a cache the decoder needs no
     encoder output: the source padding mask lives here too, so ``reorder`` keeps them in step.
+
+    Beam search calls ``expand_beams(k)``: each source row then serves ``k`` consecutive decoder
+    rows, and the cross-attention keys/values stay at one copy per sentence (queries of a
+    sentence's beams attend to it together). From then on ``reorder`` moves decoder rows only, and
+    its index must keep every row within its sentence's block of ``k`` rows, as beam search does.
     """
 
     self_attn: list[KVCache]
     cross_attn: list[KVCache]
     memory_pad_mask: Tensor | None  # (B, S), True at source padding
+    beams: int = 1  # decoder rows per source row
 
     @classmethod
     def empty(cls, num_layers: int, memory_pad_mask: Tensor | None) -> DecoderCache:
@@ -64,8 +70,18 @@ class DecoderCache:
         """Target positions decoded so far: the position of the next token."""
         return self.self_attn[0].length
 
+    def expand_beams(self, k: int) -> None:
+        """Let each source row serve ``k`` decoder rows (before the first decoding step)."""
+        if self.offset or self.beams != 1:
+            raise ValueError("expand_beams comes once, before the first decoding step")
+        self.beams = k
+
     def reorder(self, index: Tensor) -> None:
-        for cache in (*self.self_attn, *self.cross_attn):
+        for cache in self.self_attn:
+            cache.reorder(index)
+        if self.beams > 1:  # rows stay within their sentence: the per-sentence K/V still apply
+            return
+        for cache in self.cross_attn:
             cache.reorder(index)
         if self.memory_pad_mask is not None:
             self.memory_pad_mask = self.memory_pad_mask.index_select(0, index)

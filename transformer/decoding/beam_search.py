@@ -77,7 +77,7 @@ def beam_search(
 
     with evaluating(model):
         stepper = Stepper(model, src, src_pad_mask, use_cache)
-        stepper.reorder(torch.arange(B, device=device).repeat_interleave(K))  # K rows per sentence
+        stepper.expand_beams(K)  # K rows per sentence
         prefixes = torch.full((B * K, 1), bos_id, device=device)  # (B*K, t + 1)
         scores = torch.full((B, K), float("-inf"), device=device)
         scores[:, 0] = 0.0  # one live beam at first, or the K beams would be K copies

@@ -42,6 +42,18 @@ class Stepper:
         self.memory_pad_mask = src_pad_mask
         self.cache = model.init_cache(self.memory, src_pad_mask) if use_cache else None
 
+    def expand_beams(self, k: int) -> None:
+        """Make ``k`` rows of every source row, consecutive: beam search's starting point.
+
+        Cached, the encoder's keys and values stay at one copy per sentence (see
+        ``DecoderCache.expand_beams``); uncached, the encoder output itself is repeated.
+        """
+        if self.cache is not None:
+            self.cache.expand_beams(k)
+        else:
+            rows = torch.arange(self.memory.size(0), device=self.memory.device)
+            self.reorder(rows.repeat_interleave(k))
+
     def reorder(self, index: Tensor) -> None:
         """Keep rows ``index`` (N',) in that order; rows may repeat (beams of one sentence)."""
         if self.cache is not None:
