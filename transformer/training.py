@@ -22,6 +22,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from transformer.atomic import AtomicCheckpointIO
 from transformer.config import TransformerConfig
 from transformer.lit_module import TranslationModule
 
@@ -211,6 +212,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         callbacks=callbacks,
         logger=loggers or False,
         precision=resolve_precision(cfg.trainer),
+        plugins=[AtomicCheckpointIO()],  # no checkpoint is ever left half-written
     )
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     flat["model.num_parameters"] = module.model.num_parameters()
