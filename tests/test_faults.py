@@ -6,16 +6,21 @@ The README's "What happens when..." section points here; each test states one gu
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import compose_cfg, tiny_overrides, write_corpus
+from tiny_corpus import REPO, compose_cfg, tiny_overrides, write_corpus
 
 from transformer import atomic
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import load_checkpoint
-from transformer.training import train
+from transformer.data.sources import DataError
+from transformer.data.tokenizer import Tokenizer
+from transformer.training import USER_ERRORS, train
 
 
 @pytest.fixture(scope="module")
@@ -68,3 +73,94 @@ def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 2
     assert os.listdir(tmp_path / "checkpoints") == ["last.ckpt"]
+
+
+# -- bad input ----------------------------------------------------------------------------------
+# Each is a user error: train() raises one of USER_ERRORS (train.py prints it as one `error:` line
+# and exits 1) before any checkpoint is written. Tested elsewhere: invalid UTF-8, mismatched line
+# counts and an all-empty file at the data level (tests/data/test_data_sources.py,
+# test_data_datamodule.py), over-long training lines dropped and counted
+# (test_empty_and_overlong_training_pairs_are_dropped), wandb without key or network
+# (tests/test_train.py).
+
+
+def _corrupt(root: Path, case: str) -> list[str]:
+    """Damage a copy of the tiny corpus in ``root``; return the extra overrides the case needs."""
+    if case == "mismatched line counts":
+        lines = (root / "train.de").read_text(encoding="utf-8").splitlines()
+        (root / "train.de").write_text("\n".join(lines[:-3]) + "\n", encoding="utf-8")
+    elif case == "an empty file":
+        (root / "train.en").write_bytes(b"")
+        (root / "train.de").write_bytes(b"")
+    elif case == "a file of empty lines":
+        (root / "train.en").write_text("\n" * 400, encoding="utf-8")
+    elif case == "invalid UTF-8":
+        with open(root / "val.de", "ab") as f:
+            f.write("groß\n".encode("latin-1"))
+    elif case == "lines over the maximum length":
+        return ["data.max_len=1"]  # every training pair is longer: nothing left to train on
+    elif case == "a language the dataset lacks":
+        return ["data.tgt_lang=fr"]
+    elif case == "a data.root that does not exist":
+        return [f"data.root={root / 'nowhere'}"]
+    elif case == "heads not dividing d_model":
+        return ["model.num_heads=3"]
+    elif case == "kv heads not dividing heads":
+        return ["model.num_heads=4", "model.num_kv_heads=3"]
+    elif case == "an unwritable output directory":
+        (root / "a-file").write_text("")
+        return [f"callbacks.last_checkpoint.dirpath={root / 'a-file' / 'checkpoints'}"]
+    elif case == "a truncated checkpoint to resume from":
+        (root / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+        return [f"ckpt_path={root / 'last.ckpt'}"]
+    return []
+
+
+BAD_TRAINING_INPUT = {
+    "mismatched line counts": r"train.en has 400 lines.*train.de has 397",
+    "an empty file": r"train.en \+ .*train.de: split 'train' is empty",
+    "a file of empty lines": r"every en line of split 'train' is empty",
+    "invalid UTF-8": r"val.de, line 33: bytes that are not UTF-8",
+    "lines over the maximum length": r"max_len=1 filter removed",
+    "a language the dataset lacks": r"expected train.en and train.fr",
+    "a data.root that does not exist": r"data.root=.*nowhere does not exist",
+    "heads not dividing d_model": r"model\.\*.*num_heads=3 does not divide d_model",
+    "kv heads not dividing heads": r"num_kv_heads=3 does not divide num_heads=4",
+    "an unwritable output directory": r"callbacks.last_checkpoint.dirpath=.*not a writable",
+    "a truncated checkpoint to resume from": r"last.ckpt is truncated or not a checkpoint",
+}
+
+
+@pytest.mark.parametrize("case", BAD_TRAINING_INPUT)
+def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_path):
+    root = tmp_path / "corpus"
+    shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
+    extra = _corrupt(root, case)
+    overrides = [*tiny_overrides(root), "trainer.max_steps=2", *extra]
+    with pytest.raises(USER_ERRORS, match=BAD_TRAINING_INPUT[case]):
+        train(compose_cfg(overrides, tmp_path / "run"))
+    assert not list(tmp_path.glob("run/**/*.ckpt"))
+
+
+def test_train_py_reports_a_user_error_in_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    cmd = [
+        sys.executable, "train.py", "model=tiny", "data=local", f"data.root={tmp_path}",
+        "logger=csv", f"hydra.run.dir={tmp_path / 'run'}",
+        f"paths.output_dir={tmp_path / 'a-file' / 'out'}",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: paths.output_dir={tmp_path / 'a-file' / 'out'} is not a writable directory "
+        "(Not a directory); choose another, e.g. hydra.run.dir=DIR"
+    )
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"tokenizer model .*none.model does not exist"):
+        Tokenizer(tmp_path / "none.model")
+    (tmp_path / "bad.model").write_bytes(b"not a sentencepiece model")
+    with pytest.raises(DataError, match=r"bad.model cannot be read.*delete it"):
+        Tokenizer(tmp_path / "bad.model")
