@@ -15,11 +15,12 @@ import pytest
 import torch
 from tiny_corpus import REPO, compose_cfg, tiny_overrides, write_corpus
 
-from transformer import atomic
+from transformer import atomic, lit_module
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import load_checkpoint
 from transformer.data.sources import DataError
 from transformer.data.tokenizer import Tokenizer
+from transformer.errors import NonFiniteLoss
 from transformer.training import USER_ERRORS, train
 
 
@@ -73,6 +74,63 @@ def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 2
     assert os.listdir(tmp_path / "checkpoints") == ["last.ckpt"]
+
+
+# -- NaN and inf losses -------------------------------------------------------------------------
+
+
+def poison_loss(monkeypatch, bad_batches: set[int]) -> None:
+    """The loss of the given training batches (counted from 0, across runs of this test) is NaN
+    (odd ones) or inf (even ones)."""
+    real = lit_module.label_smoothed_loss
+    seen = {"n": 0}
+
+    def loss(logits, labels, epsilon, pad_id):
+        out = real(logits, labels, epsilon, pad_id)
+        if not torch.is_grad_enabled():  # validation
+            return out
+        n, seen["n"] = seen["n"], seen["n"] + 1
+        if n in bad_batches:
+            bad = float("nan") if n % 2 else float("inf")
+            return out[0] * bad, out[1], out[2]
+        return out
+
+    monkeypatch.setattr(lit_module, "label_smoothed_loss", loss)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["state_dict"]
+
+
+def test_nan_and_inf_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch):
+    poison_loss(monkeypatch, {3, 4})
+    overrides = [*tiny_overrides(corpus), "trainer.max_steps=8", "loss.max_bad_steps=3"]
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert metrics["train/skipped_steps"] == 2
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["skipped_steps"] == 2
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+
+
+def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+    corpus, tmp_path, monkeypatch
+):
+    overrides = [
+        *tiny_overrides(corpus),
+        "trainer.max_steps=20",
+        "loss.max_bad_steps=3",
+        "callbacks.last_checkpoint.every_n_train_steps=2",
+    ]
+    good = train(compose_cfg([*overrides, "trainer.max_steps=4"], tmp_path / "good"))
+    assert good["train/loss"] > 0
+    poison_loss(monkeypatch, set(range(4, 100)))  # every batch from the 5th on
+    with pytest.raises(NonFiniteLoss, match=r"3 steps in a row, the last at step \d+"):
+        train(compose_cfg(overrides, tmp_path / "bad"))
+    last = tmp_path / "bad" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 4  # written before the first NaN
+    expected = weights(tmp_path / "good" / "checkpoints" / "last.ckpt")
+    for key, value in weights(last).items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
 
 
 # -- bad input ----------------------------------------------------------------------------------

@@ -32,6 +32,7 @@ class LastCheckpoint(Callback):
             trainer.fast_dev_run
             or trainer.sanity_checking
             or trainer.global_step == self._saved_step
+            or getattr(trainer.lightning_module, "bad_steps_in_a_row", 0)  # keep the last good one
         ):
             return
         trainer.save_checkpoint(self.path)

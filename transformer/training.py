@@ -28,6 +28,7 @@ from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import CheckpointError
 from transformer.config import TransformerConfig
 from transformer.data.sources import DataError
+from transformer.errors import TrainingStopped
 from transformer.lit_module import TranslationModule
 
 log = logging.getLogger(__name__)
@@ -39,9 +40,9 @@ class ConfigError(ValueError):
     """An invalid option; the message names it (as typed on the command line) and the fix."""
 
 
-# What train.py reports as one ``error:`` line, without a traceback: each message names the
-# option or file at fault and the fix.
-USER_ERRORS = (ConfigError, DataError, CheckpointError)
+# What train.py reports as one ``error:`` line, without a traceback: user errors (the message names
+# the option or file at fault and the fix) and deliberate stops (NaN losses, SIGTERM/SIGINT).
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingStopped)
 
 
 def _unknown_option(group: str, key: str, known: list[str]) -> ConfigError:
@@ -92,6 +93,8 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     sched = cfg.optim.get("scheduler")
     if sched is not None and int(sched.get("warmup_steps", 0)) < 0:
         raise ConfigError(f"optim.scheduler.warmup_steps must be >= 0, got {sched.warmup_steps}")
+    if int(cfg.loss.max_bad_steps) < 1:
+        raise ConfigError(f"loss.max_bad_steps must be >= 1, got {cfg.loss.max_bad_steps}")
     eps = float(cfg.loss.label_smoothing)
     if not 0.0 <= eps < 1.0:
         raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {eps}")
@@ -246,6 +249,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         label_smoothing=float(cfg.loss.label_smoothing),
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
+        max_bad_steps=int(cfg.loss.max_bad_steps),
     )
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
 
