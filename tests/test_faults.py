@@ -5,10 +5,14 @@ The README's "What happens when..." section points here; each test states one gu
 
 from __future__ import annotations
 
+import csv
 import os
+import re
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -74,6 +78,85 @@ def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 2
     assert os.listdir(tmp_path / "checkpoints") == ["last.ckpt"]
+
+
+# -- kills and signals ----------------------------------------------------------------------------
+
+
+def start_train_py(corpus: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """train.py in a subprocess, each step slowed to 0.1 s, recording the ids of every batch."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    cmd = [
+        sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run_dir}",
+        "+callbacks.slow._target_=fault_kit.SlowSteps", "+callbacks.slow.seconds=0.1",
+        "+callbacks.batch_ids._target_=transformer.callbacks.BatchIdRecorder",
+        f"+callbacks.batch_ids.out_dir={run_dir / 'ids'}", *overrides,
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(proc: subprocess.Popen, run_dir: Path, batches: int, checkpoint: bool) -> None:
+    """Until the run has trained ``batches`` batches (and written last.ckpt, if asked)."""
+    ids, ckpt = run_dir / "ids" / "batch_ids.rank0.jsonl", run_dir / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        done = ids.is_file() and len(ids.read_text().splitlines()) >= batches
+        if done and (ckpt.is_file() or not checkpoint):
+            return
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"the run did not reach {batches} batches in time")
+
+
+def final_loss(out_dir: Path) -> float:
+    (path,) = out_dir.glob("csv/version_*/metrics.csv")
+    with open(path) as f:
+        return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")][-1]
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
+    """Killed mid-epoch between two periodic checkpoints, resumed from last.ckpt: the same final
+    weights and loss as a run never interrupted (20 steps, an epoch being 16 batches)."""
+    common = [*tiny_overrides(corpus), "model.dropout=0.1", "trainer.max_steps=20"]
+    every = "callbacks.last_checkpoint.every_n_train_steps=3"
+    killed = tmp_path / "killed"
+    proc = start_train_py(corpus, killed, "model.dropout=0.1", "trainer.max_steps=20", every)
+    wait_for(proc, killed, batches=5, checkpoint=True)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    last = killed / "checkpoints" / "last.ckpt"
+    step = load_checkpoint(last)["global_step"]
+    assert 3 <= step < 20 and step % 3 == 0
+    train(compose_cfg([*common, every, f"ckpt_path={last}"], tmp_path / "resumed"))
+    train(compose_cfg([*common, every], tmp_path / "whole"))
+    want = weights(tmp_path / "whole" / "checkpoints" / "last.ckpt")
+    got = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=1e-4)
+    assert final_loss(tmp_path / "resumed") == pytest.approx(
+        final_loss(tmp_path / "whole"), abs=1e-4
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_or_ctrl_c_writes_a_checkpoint_before_exiting(corpus, tmp_path, signum):
+    run = tmp_path / "run"  # no periodic checkpoint: only the signal makes one
+    proc = start_train_py(corpus, run, "trainer.max_steps=200")
+    wait_for(proc, run, batches=3, checkpoint=False)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in stderr
+    last_line = stderr.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert re.fullmatch(
+        rf"error: {name} at step (\d+): training stopped; .*resume with .*", last_line
+    )
+    step = int(re.search(r"at step (\d+)", last_line)[1])
+    assert 3 <= step < 200
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == step
 
 
 # -- NaN and inf losses -------------------------------------------------------------------------
