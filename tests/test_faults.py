@@ -163,6 +163,25 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_before_exiting(corpus, tmp_path, 
     assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == step
 
 
+def test_sigterm_before_training_starts_still_writes_a_checkpoint(corpus, tmp_path):
+    """Lightning's own SIGTERM handling (active during the sanity check) would exit 0 without a
+    checkpoint after the first step; the run stops as for a SIGTERM during training."""
+    run, started = tmp_path / "run", tmp_path / "sanity-check-started"
+    proc = start_train_py(
+        corpus, run, "trainer.max_steps=200", "trainer.num_sanity_val_steps=1",
+        "+callbacks.pause._target_=fault_kit.PauseInSanityCheck", "+callbacks.pause.seconds=2",
+        f"+callbacks.pause.marker={started}",
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "error: SIGTERM at step 1: training stopped" in stderr
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 1
+
+
 # -- determinism ---------------------------------------------------------------------------------
 
 

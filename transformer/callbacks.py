@@ -56,7 +56,8 @@ class LastCheckpoint(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_step = trainer.global_step  # a resumed run need not rewrite its checkpoint
-        self._stop_signal = None
+        # SIGTERM during the sanity check went to Lightning, which would exit 0 after a step
+        self._stop_signal = signal.SIGTERM if trainer.received_sigterm else None
         if threading.current_thread() is threading.main_thread():  # (Lightning's SIGTERM
             for sig in STOP_SIGNALS:  # handler, installed just before, is put back at the end)
                 self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
