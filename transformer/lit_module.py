@@ -114,7 +114,8 @@ class TranslationModule(L.LightningModule):
         loss = loss_sum / ntok
         now = time.perf_counter()
         bsz = len(batch.labels)
-        if not torch.isfinite(loss):
+        # every rank skips together: a rank without a backward pass would hang DDP's all-reduce
+        if not self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
             return self._skip_step(loss, bsz)
         self.bad_steps_in_a_row = 0
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
