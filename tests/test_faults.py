@@ -253,6 +253,22 @@ def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpo
         torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
 
 
+def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
+    """Two CPU processes, the loss NaN on rank 0 only: both skip (no hang in the all-reduce)."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    cmd = [
+        sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={tmp_path}",
+        "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
+        "+callbacks.poison._target_=fault_kit.PoisonLoss", "+callbacks.poison.rank=0",
+        "+callbacks.poison.batches=[1]",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 4 and ckpt["skipped_steps"] == 1
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+
+
 # -- bad input ----------------------------------------------------------------------------------
 # Each is a user error: train() raises one of USER_ERRORS (train.py prints it as one `error:` line
 # and exits 1) before any checkpoint is written. Tested elsewhere: invalid UTF-8, mismatched line

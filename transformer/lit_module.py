@@ -89,6 +89,7 @@ class TranslationModule(L.LightningModule):
         self.max_bad_steps = max_bad_steps
         self.skipped_steps = 0  # steps skipped for a NaN or inf loss, in the whole run
         self.bad_steps_in_a_row = 0
+        self._drop_gradients = False
         self._last_batch_time: float | None = None
         self._rng_to_restore: dict[str, Any] | None = None
         self._val_sums: Tensor | None = None
@@ -108,15 +109,17 @@ class TranslationModule(L.LightningModule):
             set_rng_states(self._rng_to_restore)
             self._rng_to_restore = None
 
-    def training_step(self, batch, batch_idx: int) -> Tensor | None:
+    def training_step(self, batch, batch_idx: int) -> Tensor:
         loss_sum, nll_sum, ntok = self._loss(batch)
         ntok = max(ntok, 1)
         loss = loss_sum / ntok
         now = time.perf_counter()
         bsz = len(batch.labels)
-        # every rank skips together: a rank without a backward pass would hang DDP's all-reduce
+        # All ranks skip together; each still runs backward (DDP's all-reduce needs every rank),
+        # and on_before_optimizer_step drops the gradients.
         if not self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
-            return self._skip_step(loss, bsz)
+            self._skip_step(loss, bsz)
+            return loss
         self.bad_steps_in_a_row = 0
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
@@ -128,7 +131,8 @@ class TranslationModule(L.LightningModule):
         return loss
 
     def _skip_step(self, loss: Tensor, bsz: int) -> None:
-        """No backward pass, so no update from this batch (Lightning skips a None loss)."""
+        """Count a non-finite loss; its optimizer step will make no update."""
+        self._drop_gradients = True
         self.skipped_steps += 1
         self.bad_steps_in_a_row += 1
         self.log("train/skipped_steps", float(self.skipped_steps), batch_size=bsz)
@@ -142,6 +146,12 @@ class TranslationModule(L.LightningModule):
                 f"at step {self.global_step}; training stopped. No checkpoint was written since "
                 "the last finite loss; lower optim.optimizer.lr, or raise loss.max_bad_steps"
             )
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._drop_gradients:
+            self._drop_gradients = False
+            if self.trainer.precision != "16-mixed":  # fp16's GradScaler skips such steps itself
+                optimizer.zero_grad(set_to_none=True)  # no gradients: the optimizer changes nothing
 
     def on_train_epoch_start(self) -> None:
         self._last_batch_time = None
