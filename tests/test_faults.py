@@ -293,6 +293,8 @@ def _corrupt(root: Path, case: str) -> list[str]:
             f.write("groß\n".encode("latin-1"))
     elif case == "lines over the maximum length":
         return ["data.max_len=1"]  # every training pair is longer: nothing left to train on
+    elif case == "data.max_len beyond model.max_positions":
+        return ["data.max_len=300", "data.max_tokens=1024"]
     elif case == "a language the dataset lacks":
         return ["data.tgt_lang=fr"]
     elif case == "a data.root that does not exist":
@@ -316,6 +318,7 @@ BAD_TRAINING_INPUT = {
     "a file of empty lines": r"every en line of split 'train' is empty",
     "invalid UTF-8": r"val.de, line 33: bytes that are not UTF-8",
     "lines over the maximum length": r"max_len=1 filter removed",
+    "data.max_len beyond model.max_positions": r"data.max_len=300 .* model.max_positions=256",
     "a language the dataset lacks": r"expected train.en and train.fr",
     "a data.root that does not exist": r"data.root=.*nowhere does not exist",
     "heads not dividing d_model": r"model\.\*.*num_heads=3 does not divide d_model",

@@ -76,6 +76,11 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     data = cfg.data
     if data.get("src_lang") == data.get("tgt_lang"):
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}")
+    if data.get("max_len") is not None and int(data.max_len) + 1 > model_cfg.max_positions:
+        raise ConfigError(
+            f"data.max_len={data.max_len} pieces (+1 for bos/eos) exceed model.max_positions="
+            f"{model_cfg.max_positions}; lower data.max_len or raise model.max_positions"
+        )
     if int(data.get("vocab_size", 1)) <= 4:
         raise ConfigError(
             f"data.vocab_size={data.vocab_size} leaves no room beyond pad/unk/bos/eos"
