@@ -3,15 +3,20 @@
 See the README's Training section; ``python train.py --help`` lists the config groups.
 """
 
+import sys
+
 import hydra
 from omegaconf import DictConfig
 
-from transformer.training import train
+from transformer.training import USER_ERRORS, train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    metrics = train(cfg)
+    try:
+        metrics = train(cfg)
+    except USER_ERRORS as err:  # the message names the fix
+        sys.exit(f"error: {err}")
     return metrics.get("val/bleu")  # for sweepers that optimise a value
 
 

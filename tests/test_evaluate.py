@@ -93,8 +93,20 @@ def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
     other = load_checkpoint(ckpt)
     other["hyper_parameters"]["model"]["tgt_vocab_size"] = 80
     torch.save(other, tmp_path / "other.ckpt")
+    (tmp_path / "metrics.json").write_text("{}")  # an earlier run's: must not pass for this one's
     with pytest.raises(CheckpointError, match="has 64 pieces but the model's tgt_vocab_size is 80"):
         evaluate(eval_cfg([f"ckpt_path={tmp_path / 'other.ckpt'}"], tmp_path))
+    assert not (tmp_path / "metrics.json").exists()
+
+
+def test_checkpoint_without_tokenizer_models_is_refused(trained, tmp_path) -> None:
+    ckpt, _ = trained
+    stripped = load_checkpoint(ckpt)
+    del stripped["tokenizers"]
+    torch.save(stripped, tmp_path / "stripped.ckpt")
+    with pytest.raises(CheckpointError, match="stripped.ckpt carries no tokenizer models"):
+        evaluate(eval_cfg([f"ckpt_path={tmp_path / 'stripped.ckpt'}"], tmp_path / "out"))
+    assert not list((tmp_path / "out").iterdir())  # no hypotheses.txt, no metrics.json
 
 
 def test_truncated_or_missing_checkpoint_is_named(trained, tmp_path) -> None:

@@ -3,11 +3,21 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
+import signal
+import threading
 from pathlib import Path
+from types import FrameType
 
 import lightning as L
 from lightning.pytorch.callbacks import Callback
+
+from transformer.errors import Interrupted
+
+log = logging.getLogger(__name__)
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class LastCheckpoint(Callback):
@@ -16,12 +26,18 @@ class LastCheckpoint(Callback):
 
     Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` after validation but not
     when training stops later (e.g. at ``max_steps`` mid-epoch), hence this callback.
+
+    SIGTERM or SIGINT (Ctrl-C) during training finishes the current optimizer step, writes
+    ``last.ckpt`` and stops with :class:`Interrupted`; a second Ctrl-C stops at once.
     """
 
     def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int | None = 1000) -> None:
         self.dirpath = Path(dirpath)
         self.every_n_train_steps = every_n_train_steps
         self._saved_step = -1
+        self._step_at_batch_start = -1
+        self._stop_signal: int | None = None
+        self._previous_handlers: dict[int, object] = {}
 
     @property
     def path(self) -> Path:
@@ -32,6 +48,7 @@ class LastCheckpoint(Callback):
             trainer.fast_dev_run
             or trainer.sanity_checking
             or trainer.global_step == self._saved_step
+            or getattr(trainer.lightning_module, "bad_steps_in_a_row", 0)  # keep the last good one
         ):
             return
         trainer.save_checkpoint(self.path)
@@ -39,6 +56,29 @@ class LastCheckpoint(Callback):
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_step = trainer.global_step  # a resumed run need not rewrite its checkpoint
+        # SIGTERM during the sanity check went to Lightning, which would exit 0 after a step
+        self._stop_signal = signal.SIGTERM if trainer.received_sigterm else None
+        if threading.current_thread() is threading.main_thread():  # (Lightning's SIGTERM
+            for sig in STOP_SIGNALS:  # handler, installed just before, is put back at the end)
+                self._previous_handlers[sig] = signal.signal(sig, self._request_stop)
+
+    def _request_stop(self, signum: int, frame: FrameType | None) -> None:
+        if self._stop_signal == signal.SIGINT and signum == signal.SIGINT:
+            raise KeyboardInterrupt  # a second Ctrl-C: do not wait
+        self._stop_signal = signum
+        log.warning(
+            "%s received: stopping after this step, once %s is written",
+            signal.Signals(signum).name,
+            self.path,
+        )
+
+    def _restore_handlers(self) -> None:
+        for sig, handler in self._previous_handlers.items():
+            signal.signal(sig, handler)
+        self._previous_handlers = {}
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._step_at_batch_start = trainer.global_step
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n, step = self.every_n_train_steps, trainer.global_step
@@ -46,9 +86,21 @@ class LastCheckpoint(Callback):
         # Lightning has already moved to the next epoch: resuming would skip the epoch's rest
         if step > 0 and ((n and step % n == 0) or last_step):
             self._save(trainer)
+        if self._stop_signal is not None and step != self._step_at_batch_start:  # step boundary
+            self._save(trainer)
+            name = signal.Signals(self._stop_signal).name
+            raise Interrupted(
+                f"{name} at step {step}: training stopped; {self.path} holds step "
+                f"{self._saved_step}, resume with ckpt_path={self.path}",
+                self._stop_signal,
+            )
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._restore_handlers()
         self._save(trainer)
+
+    def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
+        self._restore_handlers()
 
 
 class BatchIdRecorder(Callback):

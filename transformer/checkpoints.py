@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from transformer.atomic import atomic_save
 from transformer.config import TransformerConfig
 from transformer.data.tokenizer import Tokenizer
 from transformer.model import Transformer
@@ -109,11 +110,7 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
 
 def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
     """Write atomically: a reader never sees a half-written file under ``path``."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    torch.save(ckpt, tmp)
-    os.replace(tmp, path)
+    atomic_save(ckpt, path)
 
 
 def main(argv: Sequence[str] | None = None) -> None:

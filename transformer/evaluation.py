@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
     average_checkpoints,
     load_checkpoint,
@@ -70,6 +71,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     device = _device(cfg.device)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("hypotheses.txt", "metrics.json"):  # a failed run leaves no earlier results
+        (out_dir / name).unlink(missing_ok=True)
     ckpt, paths = _checkpoint(cfg.ckpt_path)
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
     translator = Translator(model_from_checkpoint(ckpt).to(device), src_tok, tgt_tok)
@@ -79,7 +82,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         lines = _read_input(str(cfg.input))
         translations = translator.translate(lines, options)
         texts = [t.text for sentence in translations for t in sentence]
-        (out_dir / "hypotheses.txt").write_text("".join(t + "\n" for t in texts), encoding="utf-8")
+        atomic_write_text(out_dir / "hypotheses.txt", "".join(t + "\n" for t in texts))
         return {"translations": translations, "decode": decode_settings}
 
     datamodule = _datamodule(ckpt, cfg.data, paths[0])
@@ -102,6 +105,6 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "decode": decode_settings,
         "checkpoints": paths,
     }
-    (out_dir / "hypotheses.txt").write_text("".join(h + "\n" for h in hypotheses), encoding="utf-8")
-    (out_dir / "metrics.json").write_text(json.dumps(metrics, indent=2) + "\n", encoding="utf-8")
+    atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
+    atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return metrics

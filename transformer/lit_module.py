@@ -18,6 +18,7 @@ from torch import Tensor
 from transformer.config import TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.decoding import greedy_decode
+from transformer.errors import NonFiniteLoss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.optim import build_optimizer
@@ -52,6 +53,8 @@ class TranslationModule(L.LightningModule):
         label_smoothing: epsilon of the label-smoothed cross entropy.
         decoding: validation decoding, ``strategy`` (greedy), ``max_len_a``, ``max_len_b``.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
+        max_bad_steps: a step whose loss is NaN or inf is skipped (no update) and counted; this
+            many in a row stop training with :class:`NonFiniteLoss`.
     """
 
     def __init__(
@@ -62,6 +65,7 @@ class TranslationModule(L.LightningModule):
         label_smoothing: float = 0.1,
         decoding: dict[str, Any] | None = None,
         val_bleu_sentences: int | None = None,
+        max_bad_steps: int = 10,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
@@ -82,6 +86,10 @@ class TranslationModule(L.LightningModule):
                 f"decoding.strategy={self.decoding['strategy']!r}: only 'greedy' exists so far"
             )
         self.val_bleu_sentences = val_bleu_sentences
+        self.max_bad_steps = max_bad_steps
+        self.skipped_steps = 0  # steps skipped for a NaN or inf loss, in the whole run
+        self.bad_steps_in_a_row = 0
+        self._drop_gradients = False
         self._last_batch_time: float | None = None
         self._rng_to_restore: dict[str, Any] | None = None
         self._val_sums: Tensor | None = None
@@ -107,6 +115,12 @@ class TranslationModule(L.LightningModule):
         loss = loss_sum / ntok
         now = time.perf_counter()
         bsz = len(batch.labels)
+        # All ranks skip together; each still runs backward (DDP's all-reduce needs every rank),
+        # and on_before_optimizer_step drops the gradients.
+        if not self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
+            self._skip_step(loss, bsz)
+            return loss
+        self.bad_steps_in_a_row = 0
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
         self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bsz)
@@ -115,6 +129,29 @@ class TranslationModule(L.LightningModule):
             self.log("train/tokens_per_sec", tps, prog_bar=True, batch_size=bsz)
         self._last_batch_time = now
         return loss
+
+    def _skip_step(self, loss: Tensor, bsz: int) -> None:
+        """Count a non-finite loss; its optimizer step will make no update."""
+        self._drop_gradients = True
+        self.skipped_steps += 1
+        self.bad_steps_in_a_row += 1
+        self.log("train/skipped_steps", float(self.skipped_steps), batch_size=bsz)
+        log.warning(
+            "step %d: loss is %s, step skipped (%d in a row, %d in all)",
+            self.global_step, loss.item(), self.bad_steps_in_a_row, self.skipped_steps,
+        )  # fmt: skip
+        if self.bad_steps_in_a_row >= self.max_bad_steps:
+            raise NonFiniteLoss(
+                f"the loss was NaN or inf for {self.bad_steps_in_a_row} steps in a row, the last "
+                f"at step {self.global_step}; training stopped. No checkpoint was written since "
+                "the last finite loss; lower optim.optimizer.lr, or raise loss.max_bad_steps"
+            )
+
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        if self._drop_gradients:
+            self._drop_gradients = False
+            if self.trainer.precision != "16-mixed":  # fp16's GradScaler skips such steps itself
+                optimizer.zero_grad(set_to_none=True)  # no gradients: the optimizer changes nothing
 
     def on_train_epoch_start(self) -> None:
         self._last_batch_time = None
@@ -210,6 +247,7 @@ class TranslationModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["rng_states"] = get_rng_states()
+        checkpoint["skipped_steps"] = self.skipped_steps
         dm = getattr(self.trainer, "datamodule", None)
         if dm is not None and getattr(dm, "src_tokenizer", None) is not None:
             # The SentencePiece models travel inside the checkpoint, so it can be evaluated on a
@@ -221,6 +259,7 @@ class TranslationModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self._rng_to_restore = checkpoint.get("rng_states")
+        self.skipped_steps = checkpoint.get("skipped_steps", 0)
 
 
 def get_rng_states() -> dict[str, Any]:

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import difflib
 import logging
+import tempfile
+import zipfile
 from dataclasses import fields
 from pathlib import Path
 from typing import Any
@@ -22,7 +24,11 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
 from omegaconf import DictConfig, OmegaConf
 
+from transformer.atomic import AtomicCheckpointIO
+from transformer.checkpoints import CheckpointError
 from transformer.config import TransformerConfig
+from transformer.data.sources import DataError
+from transformer.errors import TrainingStopped
 from transformer.lit_module import TranslationModule
 
 log = logging.getLogger(__name__)
@@ -32,6 +38,11 @@ PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "1
 
 class ConfigError(ValueError):
     """An invalid option; the message names it (as typed on the command line) and the fix."""
+
+
+# What train.py reports as one ``error:`` line, without a traceback: user errors (the message names
+# the option or file at fault and the fix) and deliberate stops (NaN losses, SIGTERM/SIGINT).
+USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingStopped)
 
 
 def _unknown_option(group: str, key: str, known: list[str]) -> ConfigError:
@@ -65,6 +76,11 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     data = cfg.data
     if data.get("src_lang") == data.get("tgt_lang"):
         raise ConfigError(f"data.src_lang and data.tgt_lang are both {data.src_lang!r}")
+    if data.get("max_len") is not None and int(data.max_len) + 1 > model_cfg.max_positions:
+        raise ConfigError(
+            f"data.max_len={data.max_len} pieces (+1 for bos/eos) exceed model.max_positions="
+            f"{model_cfg.max_positions}; lower data.max_len or raise model.max_positions"
+        )
     if int(data.get("vocab_size", 1)) <= 4:
         raise ConfigError(
             f"data.vocab_size={data.vocab_size} leaves no room beyond pad/unk/bos/eos"
@@ -82,6 +98,8 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     sched = cfg.optim.get("scheduler")
     if sched is not None and int(sched.get("warmup_steps", 0)) < 0:
         raise ConfigError(f"optim.scheduler.warmup_steps must be >= 0, got {sched.warmup_steps}")
+    if int(cfg.loss.max_bad_steps) < 1:
+        raise ConfigError(f"loss.max_bad_steps must be >= 1, got {cfg.loss.max_bad_steps}")
     eps = float(cfg.loss.label_smoothing)
     if not 0.0 <= eps < 1.0:
         raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {eps}")
@@ -113,9 +131,49 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     if tr.get("max_steps", -1) == -1 and tr.get("max_epochs", -1) in (-1, None):
         if not tr.get("fast_dev_run"):
             raise ConfigError("set trainer.max_steps or trainer.max_epochs: training would not end")
-    if cfg.get("ckpt_path") and not Path(cfg.ckpt_path).is_file():
-        raise ConfigError(f"ckpt_path={cfg.ckpt_path} is not a file")
+    if cfg.get("ckpt_path"):
+        if not Path(cfg.ckpt_path).is_file():
+            raise ConfigError(f"ckpt_path={cfg.ckpt_path} is not a file")
+        if not zipfile.is_zipfile(cfg.ckpt_path):  # torch.save writes a zip; its index is last
+            raise ConfigError(
+                f"ckpt_path={cfg.ckpt_path} is truncated or not a checkpoint; resume from another "
+                "checkpoint (checkpoints written by train.py are never left half-written)"
+            )
     return model_cfg
+
+
+def output_dirs(cfg: DictConfig) -> dict[str, Path]:
+    """The directories training writes to, by the option that names them."""
+    dirs = {"paths.output_dir": Path(cfg.paths.output_dir)}
+    for name, c in (cfg.get("callbacks") or {}).items():
+        if c is not None and c.get("dirpath"):
+            dirs[f"callbacks.{name}.dirpath"] = Path(c.dirpath)
+    return dirs
+
+
+def check_writable(dirs: dict[str, Path]) -> None:
+    """Create each directory and write a probe file there: an unwritable output directory fails
+    now, not at the first checkpoint an hour into training."""
+    for option, path in dirs.items():
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+            with tempfile.TemporaryFile(dir=path):
+                pass
+        except OSError as err:
+            raise ConfigError(
+                f"{option}={path} is not a writable directory ({err.strerror}); choose another, "
+                "e.g. hydra.run.dir=DIR"
+            ) from err
+
+
+def check_data_root(data: DictConfig) -> None:
+    """A ``data.root`` that does not exist is a typo, unless Multi30k is to be downloaded there."""
+    root = data.get("root")
+    downloads = data.get("source") == "multi30k" and data.get("download", True)
+    if root is not None and not downloads and not Path(root).is_dir():
+        raise ConfigError(
+            f"data.root={root} does not exist; set data.root to the directory of the corpus files"
+        )
 
 
 def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
@@ -178,6 +236,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
+    check_data_root(cfg.data)
+    check_writable(output_dirs(cfg))
     if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
         datamodule.tgt_vocab_size != model_cfg.tgt_vocab_size
     ):
@@ -194,6 +254,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         label_smoothing=float(cfg.loss.label_smoothing),
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
+        max_bad_steps=int(cfg.loss.max_bad_steps),
     )
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
 
@@ -211,6 +272,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         callbacks=callbacks,
         logger=loggers or False,
         precision=resolve_precision(cfg.trainer),
+        plugins=[AtomicCheckpointIO()],  # no checkpoint is ever left half-written
     )
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     flat["model.num_parameters"] = module.model.num_parameters()

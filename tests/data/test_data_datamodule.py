@@ -116,8 +116,9 @@ def test_non_utf8_training_file(corpus_dir, dm_kwargs):
 def test_nothing_left_after_filtering_says_which_filter(corpus_dir, dm_kwargs):
     with pytest.raises(DataError, match=r"max_len=1 filter removed 300"):
         build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 1})
-    en, _ = make_pairs(SPLIT_SIZES["train"], 0)
-    write_lines(corpus_dir / "train.de", [""] * SPLIT_SIZES["train"])
+    en, de = make_pairs(SPLIT_SIZES["train"], 0)  # each pair with one side empty
+    write_lines(corpus_dir / "train.en", [s if i % 2 else "" for i, s in enumerate(en)])
+    write_lines(corpus_dir / "train.de", ["" if i % 2 else s for i, s in enumerate(de)])
     with pytest.raises(DataError, match=r"empty-side filter removed 300 of 300"):
         build(source="local", root=str(corpus_dir), **dm_kwargs)
 

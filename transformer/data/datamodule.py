@@ -175,7 +175,19 @@ class TranslationDataModule(L.LightningDataModule):
 
     def _read(self, split: str) -> ParallelText:
         if split not in self._texts:
-            self._texts[split] = self.source.read(split)
+            text = self.source.read(split)
+            if not text.src:
+                raise DataError(
+                    f"{text.origin}: split {split!r} is empty (no sentence pairs); fill the files "
+                    "or point data.root at another copy"
+                )
+            for lang, side in ((self.src_lang, text.src), (self.tgt_lang, text.tgt)):
+                if not any(line.strip() for line in side):
+                    raise DataError(
+                        f"{text.origin}: every {lang} line of split {split!r} is empty; fill the "
+                        "file or point data.root at another copy"
+                    )
+            self._texts[split] = text
         return self._texts[split]
 
     def _build(self) -> None:

@@ -34,8 +34,19 @@ class Tokenizer:
         self.model_path = Path(model_path)
         if model_proto is not None:
             self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+        elif not self.model_path.is_file():
+            raise DataError(
+                f"tokenizer model {self.model_path} does not exist; delete the data cache "
+                "(data.cache_dir) so the tokenizer is trained again"
+            )
         else:
-            self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+            try:
+                self._sp = spm.SentencePieceProcessor(model_file=str(self.model_path))
+            except (OSError, RuntimeError) as err:
+                raise DataError(
+                    f"tokenizer model {self.model_path} cannot be read ({err}); delete it so it "
+                    "is trained again"
+                ) from err
         ids = (self._sp.pad_id(), self._sp.unk_id(), self._sp.bos_id(), self._sp.eos_id())
         if ids != (PAD_ID, UNK_ID, BOS_ID, EOS_ID):
             raise DataError(

@@ -1,0 +1,363 @@
+"""Fault injection: interrupted checkpoint writes, kills and signals, NaN losses, bad input.
+
+The README's "What happens when..." section points here; each test states one guarantee.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_corpus import REPO, compose_cfg, tiny_overrides, write_corpus
+
+from transformer import atomic, lit_module
+from transformer.atomic import AtomicCheckpointIO
+from transformer.checkpoints import load_checkpoint
+from transformer.data.sources import DataError
+from transformer.data.tokenizer import Tokenizer
+from transformer.errors import NonFiniteLoss
+from transformer.training import USER_ERRORS, train
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def fail_mid_write(monkeypatch) -> None:
+    """Make the next checkpoint write put out half its bytes, then fail (a full disk, a kill)."""
+
+    def partial_save(obj, f) -> None:
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise OSError("No space left on device")
+
+    monkeypatch.setattr(atomic.torch, "save", partial_save)
+
+
+# -- interrupted checkpoint writes ----------------------------------------------------------------
+
+
+def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "last.ckpt"
+    io = AtomicCheckpointIO()
+    io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
+    fail_mid_write(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert torch.load(path, weights_only=True)["step"] == 1
+    assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
+
+
+def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp_path, monkeypatch):
+    """The Trainer writes through the atomic plugin: a save that dies at step 4 leaves step 2's."""
+    save = AtomicCheckpointIO.save_checkpoint
+
+    def save_then_fail_at_step_4(self, checkpoint, path, storage_options=None):
+        if checkpoint["global_step"] == 4:
+            fail_mid_write(monkeypatch)
+        save(self, checkpoint, path, storage_options)
+
+    monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", save_then_fail_at_step_4)
+    overrides = [
+        *tiny_overrides(corpus),
+        "trainer.max_steps=6",
+        "callbacks.last_checkpoint.every_n_train_steps=2",
+    ]
+    with pytest.raises(OSError, match="No space left"):
+        train(compose_cfg(overrides, tmp_path))
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 2
+    assert os.listdir(tmp_path / "checkpoints") == ["last.ckpt"]
+
+
+# -- kills and signals ----------------------------------------------------------------------------
+
+
+def start_train_py(corpus: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
+    """train.py in a subprocess, each step slowed to 0.1 s, recording the ids of every batch."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    cmd = [
+        sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run_dir}",
+        "+callbacks.slow._target_=fault_kit.SlowSteps", "+callbacks.slow.seconds=0.1",
+        "+callbacks.batch_ids._target_=transformer.callbacks.BatchIdRecorder",
+        f"+callbacks.batch_ids.out_dir={run_dir / 'ids'}", *overrides,
+    ]  # fmt: skip
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(proc: subprocess.Popen, run_dir: Path, batches: int, checkpoint: bool) -> None:
+    """Until the run has trained ``batches`` batches (and written last.ckpt, if asked)."""
+    ids, ckpt = run_dir / "ids" / "batch_ids.rank0.jsonl", run_dir / "checkpoints" / "last.ckpt"
+    deadline = time.monotonic() + 90
+    while time.monotonic() < deadline:
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        done = ids.is_file() and len(ids.read_text().splitlines()) >= batches
+        if done and (ckpt.is_file() or not checkpoint):
+            return
+        time.sleep(0.05)
+    proc.kill()
+    pytest.fail(f"the run did not reach {batches} batches in time")
+
+
+def losses_by_step(out_dir: Path) -> list[float]:
+    (path,) = out_dir.glob("csv/version_*/metrics.csv")
+    with open(path) as f:
+        return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+
+
+def final_loss(out_dir: Path) -> float:
+    return losses_by_step(out_dir)[-1]
+
+
+def test_sigkill_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
+    """Killed mid-epoch between two periodic checkpoints, resumed from last.ckpt: the same final
+    weights and loss as a run never interrupted (10 steps of a 16-batch epoch, dropout on)."""
+    common = [*tiny_overrides(corpus), "model.dropout=0.1", "trainer.max_steps=10"]
+    every = "callbacks.last_checkpoint.every_n_train_steps=3"
+    killed = tmp_path / "killed"
+    proc = start_train_py(corpus, killed, "model.dropout=0.1", "trainer.max_steps=10", every)
+    wait_for(proc, killed, batches=5, checkpoint=True)
+    proc.send_signal(signal.SIGKILL)
+    proc.communicate(timeout=60)
+    assert proc.returncode == -signal.SIGKILL
+    last = killed / "checkpoints" / "last.ckpt"
+    step = load_checkpoint(last)["global_step"]
+    assert step in (3, 6, 9)
+    train(compose_cfg([*common, every, f"ckpt_path={last}"], tmp_path / "resumed"))
+    train(compose_cfg([*common, every], tmp_path / "whole"))
+    want = weights(tmp_path / "whole" / "checkpoints" / "last.ckpt")
+    got = weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt")
+    for key, value in want.items():
+        torch.testing.assert_close(got[key], value, rtol=0, atol=1e-4)
+    assert final_loss(tmp_path / "resumed") == pytest.approx(
+        final_loss(tmp_path / "whole"), abs=1e-4
+    )
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_sigterm_or_ctrl_c_writes_a_checkpoint_before_exiting(corpus, tmp_path, signum):
+    run = tmp_path / "run"  # no periodic checkpoint: only the signal makes one
+    proc = start_train_py(corpus, run, "trainer.max_steps=200")
+    wait_for(proc, run, batches=3, checkpoint=False)
+    proc.send_signal(signum)
+    _, stderr = proc.communicate(timeout=60)
+    assert proc.returncode == 1
+    assert "Traceback" not in stderr
+    last_line = stderr.strip().splitlines()[-1]
+    name = signal.Signals(signum).name
+    assert re.fullmatch(
+        rf"error: {name} at step (\d+): training stopped; .*resume with .*", last_line
+    )
+    step = int(re.search(r"at step (\d+)", last_line)[1])
+    assert 3 <= step < 200
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == step
+
+
+def test_sigterm_before_training_starts_still_writes_a_checkpoint(corpus, tmp_path):
+    """Lightning's own SIGTERM handling (active during the sanity check) would exit 0 without a
+    checkpoint after the first step; the run stops as for a SIGTERM during training."""
+    run, started = tmp_path / "run", tmp_path / "sanity-check-started"
+    proc = start_train_py(
+        corpus, run, "trainer.max_steps=200", "trainer.num_sanity_val_steps=1",
+        "+callbacks.pause._target_=fault_kit.PauseInSanityCheck", "+callbacks.pause.seconds=2",
+        f"+callbacks.pause.marker={started}",
+    )  # fmt: skip
+    deadline = time.monotonic() + 90
+    while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGTERM)
+    _, stderr = proc.communicate(timeout=90)
+    assert proc.returncode == 1, stderr[-3000:]
+    assert "error: SIGTERM at step 1: training stopped" in stderr
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 1
+
+
+# -- determinism ---------------------------------------------------------------------------------
+
+
+def test_same_seed_gives_identical_losses(corpus, tmp_path):
+    overrides = [*tiny_overrides(corpus), "model.dropout=0.1", "trainer.max_steps=6"]
+    train(compose_cfg(overrides, tmp_path / "a"))
+    train(compose_cfg(overrides, tmp_path / "b"))
+    losses = [losses_by_step(tmp_path / run) for run in ("a", "b")]
+    assert len(losses[0]) == 6 and losses[0] == losses[1]
+    train(compose_cfg([*overrides, "seed=7"], tmp_path / "c"))
+    other = losses_by_step(tmp_path / "c")
+    assert other != losses[0]  # the seed matters: the comparison above can fail
+
+
+# -- NaN and inf losses -------------------------------------------------------------------------
+
+
+def poison_loss(monkeypatch, bad_batches: set[int]) -> None:
+    """The loss of the given training batches (counted from 0, across runs of this test) is NaN
+    (odd ones) or inf (even ones)."""
+    real = lit_module.label_smoothed_loss
+    seen = {"n": 0}
+
+    def loss(logits, labels, epsilon, pad_id):
+        out = real(logits, labels, epsilon, pad_id)
+        if not torch.is_grad_enabled():  # validation
+            return out
+        n, seen["n"] = seen["n"], seen["n"] + 1
+        if n in bad_batches:
+            bad = float("nan") if n % 2 else float("inf")
+            return out[0] * bad, out[1], out[2]
+        return out
+
+    monkeypatch.setattr(lit_module, "label_smoothed_loss", loss)
+
+
+def weights(path: Path) -> dict[str, torch.Tensor]:
+    return load_checkpoint(path)["state_dict"]
+
+
+def test_nan_and_inf_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch):
+    poison_loss(monkeypatch, {3, 4})
+    overrides = [*tiny_overrides(corpus), "trainer.max_steps=8", "loss.max_bad_steps=3"]
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert metrics["train/skipped_steps"] == 2
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["skipped_steps"] == 2
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+
+
+def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
+    corpus, tmp_path, monkeypatch
+):
+    overrides = [
+        *tiny_overrides(corpus),
+        "trainer.max_steps=20",
+        "loss.max_bad_steps=3",
+        "callbacks.last_checkpoint.every_n_train_steps=2",
+    ]
+    good = train(compose_cfg([*overrides, "trainer.max_steps=4"], tmp_path / "good"))
+    assert good["train/loss"] > 0
+    poison_loss(monkeypatch, set(range(4, 100)))  # every batch from the 5th on
+    with pytest.raises(NonFiniteLoss, match=r"3 steps in a row, the last at step \d+"):
+        train(compose_cfg(overrides, tmp_path / "bad"))
+    last = tmp_path / "bad" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(last)["global_step"] == 4  # written before the first NaN
+    expected = weights(tmp_path / "good" / "checkpoints" / "last.ckpt")
+    for key, value in weights(last).items():
+        torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
+
+
+def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
+    """Two CPU processes, the loss NaN on rank 0 only: both skip (no hang in the all-reduce)."""
+    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    cmd = [
+        sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={tmp_path}",
+        "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
+        "+callbacks.poison._target_=fault_kit.PoisonLoss", "+callbacks.poison.rank=0",
+        "+callbacks.poison.batches=[1]",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr[-3000:]
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 4 and ckpt["skipped_steps"] == 1
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+
+
+# -- bad input ----------------------------------------------------------------------------------
+# Each is a user error: train() raises one of USER_ERRORS (train.py prints it as one `error:` line
+# and exits 1) before any checkpoint is written. Tested elsewhere: invalid UTF-8, mismatched line
+# counts and an all-empty file at the data level (tests/data/test_data_sources.py,
+# test_data_datamodule.py), over-long training lines dropped and counted
+# (test_empty_and_overlong_training_pairs_are_dropped), wandb without key or network
+# (tests/test_train.py).
+
+
+def _corrupt(root: Path, case: str) -> list[str]:
+    """Damage a copy of the tiny corpus in ``root``; return the extra overrides the case needs."""
+    if case == "mismatched line counts":
+        lines = (root / "train.de").read_text(encoding="utf-8").splitlines()
+        (root / "train.de").write_text("\n".join(lines[:-3]) + "\n", encoding="utf-8")
+    elif case == "an empty file":
+        (root / "train.en").write_bytes(b"")
+        (root / "train.de").write_bytes(b"")
+    elif case == "a file of empty lines":
+        (root / "train.en").write_text("\n" * 400, encoding="utf-8")
+    elif case == "invalid UTF-8":
+        with open(root / "val.de", "ab") as f:
+            f.write("groß\n".encode("latin-1"))
+    elif case == "lines over the maximum length":
+        return ["data.max_len=1"]  # every training pair is longer: nothing left to train on
+    elif case == "data.max_len beyond model.max_positions":
+        return ["data.max_len=300", "data.max_tokens=1024"]
+    elif case == "a language the dataset lacks":
+        return ["data.tgt_lang=fr"]
+    elif case == "a data.root that does not exist":
+        return [f"data.root={root / 'nowhere'}"]
+    elif case == "heads not dividing d_model":
+        return ["model.num_heads=3"]
+    elif case == "kv heads not dividing heads":
+        return ["model.num_heads=4", "model.num_kv_heads=3"]
+    elif case == "an unwritable output directory":
+        (root / "a-file").write_text("")
+        return [f"callbacks.last_checkpoint.dirpath={root / 'a-file' / 'checkpoints'}"]
+    elif case == "a truncated checkpoint to resume from":
+        (root / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
+        return [f"ckpt_path={root / 'last.ckpt'}"]
+    return []
+
+
+BAD_TRAINING_INPUT = {
+    "mismatched line counts": r"train.en has 400 lines.*train.de has 397",
+    "an empty file": r"train.en \+ .*train.de: split 'train' is empty",
+    "a file of empty lines": r"every en line of split 'train' is empty",
+    "invalid UTF-8": r"val.de, line 33: bytes that are not UTF-8",
+    "lines over the maximum length": r"max_len=1 filter removed",
+    "data.max_len beyond model.max_positions": r"data.max_len=300 .* model.max_positions=256",
+    "a language the dataset lacks": r"expected train.en and train.fr",
+    "a data.root that does not exist": r"data.root=.*nowhere does not exist",
+    "heads not dividing d_model": r"model\.\*.*num_heads=3 does not divide d_model",
+    "kv heads not dividing heads": r"num_kv_heads=3 does not divide num_heads=4",
+    "an unwritable output directory": r"callbacks.last_checkpoint.dirpath=.*not a writable",
+    "a truncated checkpoint to resume from": r"last.ckpt is truncated or not a checkpoint",
+}
+
+
+@pytest.mark.parametrize("case", BAD_TRAINING_INPUT)
+def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_path):
+    root = tmp_path / "corpus"
+    shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
+    extra = _corrupt(root, case)
+    overrides = [*tiny_overrides(root), "trainer.max_steps=2", *extra]
+    with pytest.raises(USER_ERRORS, match=BAD_TRAINING_INPUT[case]):
+        train(compose_cfg(overrides, tmp_path / "run"))
+    assert not list(tmp_path.glob("run/**/*.ckpt"))
+
+
+def test_train_py_reports_a_user_error_in_one_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    cmd = [
+        sys.executable, "train.py", "model=tiny", "data=local", f"data.root={tmp_path}",
+        "logger=csv", f"hydra.run.dir={tmp_path / 'run'}",
+        f"paths.output_dir={tmp_path / 'a-file' / 'out'}",
+    ]  # fmt: skip
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: paths.output_dir={tmp_path / 'a-file' / 'out'} is not a writable directory "
+        "(Not a directory); choose another, e.g. hydra.run.dir=DIR"
+    )
+    assert "Traceback" not in res.stderr
+
+
+def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
+    with pytest.raises(DataError, match=r"tokenizer model .*none.model does not exist"):
+        Tokenizer(tmp_path / "none.model")
+    (tmp_path / "bad.model").write_bytes(b"not a sentencepiece model")
+    with pytest.raises(DataError, match=r"bad.model cannot be read.*delete it"):
+        Tokenizer(tmp_path / "bad.model")
