@@ -9,8 +9,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from tiny_corpus import CONFIGS, compose_cfg, tiny_overrides, write_corpus
+from tiny_corpus import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides, write_corpus
 
+import transformer.analysis.maps as maps_module
+import transformer.analysis.report as report_module
+import transformer.attention as attention_module
 from transformer.evaluation import evaluate
 from transformer.training import train
 
@@ -22,6 +25,10 @@ ANALYSIS = [
 ]
 
 
+def overrides_with_maps(corpus: Path) -> list[str]:
+    return [o for o in tiny_overrides(corpus) if o != ATTENTION_MAPS_OFF]
+
+
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> Path:
     return write_corpus(tmp_path_factory.mktemp("corpus"))
@@ -29,11 +36,13 @@ def corpus(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def csv_run(corpus, tmp_path_factory) -> Path:
-    """Validation at steps 3, 6 and 9; the analysis every second one: steps 3 and 9."""
+    """Two heads a module; validation at steps 3, 6 and 9, the analysis (of cross-attention)
+    every second one: steps 3 and 9."""
     out = tmp_path_factory.mktemp("run")
     overrides = [
-        *tiny_overrides(corpus), *ANALYSIS, "trainer.max_steps=9", "trainer.val_check_interval=3",
-        "callbacks.attention_maps.every_n_validations=2", "callbacks.attention_maps.types=[cross]",
+        *overrides_with_maps(corpus), *ANALYSIS, "model.num_heads=2", "trainer.max_steps=9",
+        "trainer.val_check_interval=3", "callbacks.attention_maps.every_n_validations=2",
+        "callbacks.attention_maps.types=[cross]",
     ]  # fmt: skip
     train(compose_cfg(overrides, out))
     return out
@@ -49,7 +58,7 @@ def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     for png in step.rglob("*.png"):
         assert png.read_bytes()[:8] == PNG and png.stat().st_size > 5000
     written = json.loads((step / "stats.json").read_text())
-    assert len(written["cross"]["entropy"]) == 2 and len(written["cross"]["entropy"][0]) == 4
+    assert len(written["cross"]["entropy"]) == 2 and len(written["cross"]["entropy"][0]) == 2
     samples = json.loads((step / "samples.json").read_text())
     assert len(samples) == 3 and set(samples[0]) == {
         "source", "reference", "hypothesis", "sentence_bleu"
@@ -60,13 +69,32 @@ def test_csv_logger_gets_the_head_statistics(csv_run) -> None:
     (path,) = csv_run.glob("csv/version_*/metrics.csv")
     with open(path) as f:
         rows = list(csv.DictReader(f))
-    logged = [r for r in rows if r.get("attn_stats/cross/entropy/l1h3")]
+    logged = [r for r in rows if r.get("attn_stats/cross/entropy/l1h1")]
     assert [int(r["step"]) for r in logged] == [3, 9]
 
 
-def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path) -> None:
+def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path, monkeypatch) -> None:
+    # The explicit attention path runs only inside the callback's capture, never in training
+    # or validation steps.
+    inside_capture, explicit_calls = [False], []
+    capture, explicit = maps_module.capture, attention_module.explicit_attention
+
+    def tracked_capture(*args, **kwargs):
+        inside_capture[0] = True
+        try:
+            return capture(*args, **kwargs)
+        finally:
+            inside_capture[0] = False
+
+    def tracked_explicit(*args, **kwargs):
+        explicit_calls.append(inside_capture[0])
+        return explicit(*args, **kwargs)
+
+    monkeypatch.setattr(maps_module, "capture", tracked_capture)
+    monkeypatch.setattr(report_module, "capture", tracked_capture)
+    monkeypatch.setattr(attention_module, "explicit_attention", tracked_explicit)
     overrides = [
-        *tiny_overrides(corpus), *ANALYSIS, "logger=wandb", "trainer.max_steps=3",
+        *overrides_with_maps(corpus), *ANALYSIS, "logger=wandb", "trainer.max_steps=3",
         "trainer.val_check_interval=3",
     ]  # fmt: skip
     train(compose_cfg(overrides, tmp_path))
@@ -79,6 +107,7 @@ def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path) -
     assert list(run.glob("files/media/images/attn_stats/*.png"))
     assert list(run.glob("files/media/table/samples_*.table.json"))
     assert (tmp_path / "attention" / "step0000003" / "cross" / "layer1").is_dir()
+    assert explicit_calls and all(explicit_calls)
 
 
 def eval_cfg(overrides: list[str], out_dir: Path):
@@ -91,8 +120,8 @@ def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     common = [f"ckpt_path={ckpt}", "split=val", "analysis_options.sentences=4"]
     result = evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.prune_step=0.5"],
                                tmp_path / "heads"))  # fmt: skip
-    assert len(result["heads"]) == 3 * 2 * 4
-    assert [p["heads_left"] for p in result["pruning"]] == [24, 12, 1]
+    assert len(result["heads"]) == 3 * 2 * 2  # types x layers x heads
+    assert [p["heads_left"] for p in result["pruning"]] == [12, 6, 1]
     written = json.loads((tmp_path / "heads" / "heads.json").read_text())
     assert written["baseline"] == result["baseline"]
     for name in ("heads_importance.png", "heads_pruning.png"):

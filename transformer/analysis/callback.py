@@ -85,6 +85,11 @@ class AttentionMapsCallback(Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
+        if "fsdp" in type(trainer.strategy).__name__.lower():  # rank 0 alone holds a shard only
+            if self._validations == 0:
+                log.warning("attention maps are off under FSDP (weights are sharded)")
+            self._validations += 1
+            return
         self._validations += 1
         if (self._validations - 1) % self.every_n_validations:
             return

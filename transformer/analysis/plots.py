@@ -67,7 +67,7 @@ def layer_head_heatmaps(
         image = ax.imshow(values, cmap=cmap, aspect="auto", **limits)
         for layer in range(num_layers):
             for head in range(num_heads):
-                ax.text(head, layer, f"{values[layer, head]:.2f}", ha="center", va="center",
+                ax.text(head, layer, f"{values[layer, head]:.3g}", ha="center", va="center",
                         fontsize=7, color="w", path_effects=OUTLINE)  # fmt: skip
         ax.set_title(name, fontsize=9)
         ax.set_xticks(range(num_heads), [f"h{h}" for h in range(num_heads)], fontsize=TICK_FONT)
