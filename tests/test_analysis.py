@@ -11,6 +11,7 @@ from tiny_corpus import write_corpus
 
 from transformer import Transformer, TransformerConfig
 from transformer.analysis import plots
+from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
 from transformer.analysis.maps import SentenceMaps, capture, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
@@ -148,3 +149,12 @@ def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_pa
     for name in ("heads_importance.png", "heads_pruning.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     assert "| heads left | share | loss | BLEU |" in (tmp_path / "heads.md").read_text()
+
+
+def test_callback_options_are_checked(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"attention types \['crosss'\] unknown"):
+        AttentionMapsCallback(tmp_path, types=["crosss"])
+    with pytest.raises(ValueError, match="2 sentences but 1 references"):
+        AttentionMapsCallback(tmp_path, sentences=["a", "b"], references=["x"])
+    with pytest.raises(ValueError, match="every_n_validations must be >= 1"):
+        AttentionMapsCallback(tmp_path, every_n_validations=0)

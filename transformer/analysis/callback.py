@@ -109,12 +109,14 @@ class AttentionMapsCallback(Callback):
             count = max(self.num_probes, self.num_samples)
             sources, references = val_src[:count], val_ref[:count]
         limits = getattr(pl_module, "decoding", {})
-        probes = translate_probes(
-            model, src_tok, tgt_tok, sources, references,
-            limits.get("max_len_a", 1.2), limits.get("max_len_b", 10),
-        )  # fmt: skip
+        probes = None
+        if sources:
+            probes = translate_probes(
+                model, src_tok, tgt_tok, sources, references,
+                limits.get("max_len_a", 1.2), limits.get("max_len_b", 10),
+            )  # fmt: skip
         images: Images = {}
-        if self.num_probes > 0 and self.types:
+        if probes is not None and self.num_probes > 0 and self.types:
             first = probes.first(self.num_probes)
             images |= render_maps(model, first, src_tok, tgt_tok, out, self.types, self.max_pieces)
         scalars: dict[str, float] = {}
@@ -125,7 +127,9 @@ class AttentionMapsCallback(Callback):
             stats, stat_images = write_stats(model, src_ids, ref_ids, out, self.types)
             images |= stat_images
             scalars = stat_scalars(stats)
-        rows = write_samples(probes, out, self.num_samples) if self.num_samples > 0 else []
+        rows = []
+        if probes is not None and self.num_samples > 0:
+            rows = write_samples(probes, out, self.num_samples)
         self._log(trainer, images, scalars, rows, step)
         log.info("attention analysis of step %d written to %s", step, out)
 
