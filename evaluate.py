@@ -18,6 +18,9 @@ def main(cfg: DictConfig) -> None:
         result = evaluate(cfg)
     except ValueError as err:  # bad options, checkpoints or data: the message says what to fix
         sys.exit(f"error: {err}")
+    if "analysis" in result:
+        print(f"analysis={result['analysis']}: written to {result['out_dir']}")
+        return
     if "translations" in result:
         for sentence in result["translations"]:
             for t in sentence:

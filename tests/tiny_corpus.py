@@ -35,6 +35,9 @@ def write_corpus(root: Path) -> Path:
     return root
 
 
+ATTENTION_MAPS_OFF = "~callbacks.attention_maps"
+
+
 def tiny_overrides(corpus: Path) -> list[str]:
     return [
         "model=tiny",
@@ -53,6 +56,7 @@ def tiny_overrides(corpus: Path) -> list[str]:
         "validation.bleu_sentences=8",
         "optim.optimizer.lr=3e-3",
         "optim.scheduler.warmup_steps=10",
+        ATTENTION_MAPS_OFF,  # its figures cost seconds; tests/test_analysis_training.py runs it
     ]
 
 

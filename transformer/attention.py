@@ -4,6 +4,9 @@ Two kernels sit behind one interface. By default PyTorch's ``scaled_dot_product_
 (flash, memory-efficient or fused CPU kernels, chosen by PyTorch). When per-head weights are asked
 for (``need_weights=True``), the explicit softmax(QK^T / sqrt(d)) V path runs instead and returns
 them; it computes the same numbers and doubles as the reference in tests.
+
+A head mask (``head_mask``, (H,) floats, None by default) scales each head's output before the
+output projection, in both kernels: 0 silences a head (Michel et al. 2019). None costs nothing.
 """
 
 from __future__ import annotations
@@ -77,6 +80,8 @@ class MultiheadAttention(nn.Module):
         else:
             self.qkv_proj = nn.Linear(q_dim, d_model + 2 * self.kv_width, bias=bias)
         self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        # (H,) per-head output scale; not saved in checkpoints, follows the module's device.
+        self.register_buffer("head_mask", None, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -166,5 +171,7 @@ class MultiheadAttention(nn.Module):
             out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
             if weights is not None:
                 weights = weights.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
+        if self.head_mask is not None:
+            out = out * self.head_mask.to(out.dtype)[:, None, None]  # (B, H, Tq, Dh)
         out = out.transpose(1, 2).reshape(B, Tq, self.d_model)  # merge heads: (B, Tq, H * Dh)
         return self.out_proj(out), weights

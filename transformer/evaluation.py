@@ -15,6 +15,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from transformer.analysis.evaluation import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
     average_checkpoints,
@@ -66,8 +67,12 @@ def _read_input(input_path: str) -> list[str]:
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
-    ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations)."""
+    ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations).
+    With ``analysis=heads|maps``, run that analysis on the split instead (see
+    :mod:`transformer.analysis.evaluation`)."""
     options = DecodeOptions(**OmegaConf.to_container(cfg.decode))  # checked before any work
+    analysis = cfg.get("analysis")
+    check_analysis(analysis)
     device = _device(cfg.device)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -88,6 +93,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     datamodule = _datamodule(ckpt, cfg.data, paths[0])
     split = datamodule.split_names.get(cfg.split, cfg.split)
     sources, references = datamodule.sources(split), datamodule.references(split)
+    if analysis is not None:
+        return run_analysis(
+            analysis, translator, sources, references, cfg.analysis_options, out_dir
+        )
     hypotheses = [t[0].text for t in translator.translate(sources, options)]
     scores = score_translations(hypotheses, references)
     metrics = {

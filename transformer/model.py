@@ -9,8 +9,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+import torch
 from torch import Tensor, nn
 
+from transformer.attention import MultiheadAttention
 from transformer.cache import DecoderCache
 from transformer.config import TransformerConfig
 from transformer.embedding import TransformerEmbedding
@@ -25,6 +27,9 @@ class AttentionMaps:
     encoder_self: list[Tensor] = field(default_factory=list)
     decoder_self: list[Tensor] = field(default_factory=list)
     cross: list[Tensor] = field(default_factory=list)
+
+
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 
 
 class Transformer(nn.Module):
@@ -103,6 +108,31 @@ class Transformer(nn.Module):
             src_pad_mask = padding_mask(src, self.cfg.pad_id)
         memory = self.encode(src, src_pad_mask, attention)
         return self.decode(tgt, memory, src_pad_mask, attention=attention)
+
+    def attention_modules(self, kind: str) -> list[MultiheadAttention]:
+        """The attention modules of one type (see ``ATTENTION_TYPES``), one per layer."""
+        if kind == "encoder_self":
+            return [layer.self_attn for layer in self.encoder.layers]
+        if kind == "decoder_self":
+            return [layer.self_attn for layer in self.decoder.layers]
+        if kind == "cross":
+            return [layer.cross_attn for layer in self.decoder.layers]
+        raise ValueError(f"unknown attention type {kind!r}; one of {ATTENTION_TYPES}")
+
+    def set_head_mask(self, kind: str, layer: int, mask: Tensor | None) -> None:
+        """Scale the heads of one attention module: ``mask`` (H,), 0 = head off; None clears."""
+        module = self.attention_modules(kind)[layer]
+        if mask is not None:
+            if mask.shape != (module.num_heads,):
+                shape = tuple(mask.shape)
+                raise ValueError(f"head mask of shape {shape}, need ({module.num_heads},)")
+            mask = mask.to(device=module.out_proj.weight.device, dtype=torch.float32)
+        module.head_mask = mask
+
+    def clear_head_masks(self) -> None:
+        for kind in ATTENTION_TYPES:
+            for module in self.attention_modules(kind):
+                module.head_mask = None
 
     def num_parameters(self) -> int:
         return sum(p.numel() for p in self.parameters())

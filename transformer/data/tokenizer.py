@@ -81,6 +81,10 @@ class Tokenizer:
                 kept.append(i)
         return self._sp.decode(kept)
 
+    def pieces(self, ids: Iterable[int]) -> list[str]:
+        """Ids -> their SentencePiece pieces, specials included (``<s>``, ``</s>``, ...)."""
+        return [self._sp.id_to_piece(int(i)) for i in ids]
+
     def __getstate__(self) -> dict:
         return {"model_path": self.model_path, "model_proto": self.to_bytes()}
 

@@ -1,0 +1,160 @@
+"""Attention capture per sentence, head statistics, figures and head importance (no training)."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_corpus import write_corpus
+
+from transformer import Transformer, TransformerConfig
+from transformer.analysis import plots
+from transformer.analysis.callback import AttentionMapsCallback
+from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
+from transformer.analysis.maps import SentenceMaps, capture, translate_probes
+from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.analysis.stats import head_stats
+from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from transformer.model import ATTENTION_TYPES
+from transformer.translate import DecodeOptions, Translator
+
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def tokenizers(corpus):
+    texts = [*(corpus / "train.en").read_text().splitlines(), *(corpus / "train.de").read_text()
+             .splitlines()]  # fmt: skip
+    joint = train_tokenizer(texts, corpus / "joint.model", 64)
+    return joint, joint
+
+
+def tiny(**overrides) -> Transformer:
+    cfg = dict(
+        src_vocab_size=64, tgt_vocab_size=64, d_model=32, num_heads=4, num_encoder_layers=2,
+        num_decoder_layers=3, d_ff=64,
+    )  # fmt: skip
+    return Transformer(TransformerConfig(**{**cfg, **overrides})).eval()
+
+
+def sentences() -> tuple[list[list[int]], list[list[int]]]:
+    srcs = [[5, 6, 7, 8, 9, EOS_ID], [10, 11, EOS_ID]]
+    tgts = [[BOS_ID, 12, 13, 14], [BOS_ID, 15, 16, 17, 18, 19, 20]]
+    return srcs, tgts
+
+
+def test_maps_have_one_layer_and_head_per_module_and_rows_summing_to_one() -> None:
+    srcs, tgts = sentences()
+    maps = capture(tiny(num_kv_heads=2), srcs, tgts)
+    for sentence, src, tgt in zip(maps, srcs, tgts, strict=True):
+        S, T = len(src), len(tgt)
+        assert sentence.weights["encoder_self"].shape == (2, 4, S, S)
+        assert sentence.weights["decoder_self"].shape == (3, 4, T, T)
+        assert sentence.weights["cross"].shape == (3, 4, T, S)
+        for weights in sentence.weights.values():
+            torch.testing.assert_close(weights.sum(-1), torch.ones(weights.shape[:-1]))
+        causal = sentence.weights["decoder_self"]
+        assert torch.equal(causal, causal.tril()) and bool((causal.diagonal(0, -2, -1) > 0).all())
+
+
+def test_a_sentence_has_the_same_maps_alone_and_in_a_padded_batch() -> None:
+    model, (srcs, tgts) = tiny(), sentences()
+    batched = capture(model, srcs, tgts)
+    for i in range(2):
+        (alone,) = capture(model, srcs[i : i + 1], tgts[i : i + 1])
+        for kind in ATTENTION_TYPES:
+            torch.testing.assert_close(batched[i].weights[kind], alone.weights[kind])
+
+
+def test_statistics_of_known_heads() -> None:
+    T = 4
+    identity, uniform = torch.eye(T), torch.full((T, T), 1 / T)
+    previous = torch.zeros(T, T)
+    previous[0, 0] = 1.0
+    previous[torch.arange(1, T), torch.arange(T - 1)] = 1.0
+    weights = torch.stack([identity, uniform, previous])[None]  # (1, 3, T, T)
+    src = [5, 6, 7, EOS_ID]
+    sentence = SentenceMaps(src, [BOS_ID], {"encoder_self": weights})
+    stats = head_stats([sentence, sentence], "encoder_self")
+    assert stats["entropy"][0].tolist() == pytest.approx([0.0, math.log(T), 0.0])
+    assert stats["confidence"][0].tolist() == pytest.approx([1.0, 1 / T, 1.0])
+    assert stats["same"][0].tolist() == pytest.approx([1.0, 1 / T, 1 / T])
+    assert stats["previous"][0].tolist() == pytest.approx([0.0, (T - 1) / T**2, (T - 1) / T])
+    assert stats["next"][0].tolist() == pytest.approx([0.0, (T - 1) / T**2, 0.0])
+    assert stats["eos"][0].tolist() == pytest.approx([1 / T, 1 / T, 0.0])
+
+
+def test_figures_are_written_for_every_type_layer_and_probe(tokenizers, tmp_path) -> None:
+    src_tok, tgt_tok = tokenizers
+    model = tiny(num_encoder_layers=1, num_decoder_layers=2)
+    probes = translate_probes(
+        model, src_tok, tgt_tok, ["a dog runs in the park", "the red car"], ["ein hund", "das auto"]
+    )
+    images = render_maps(model, probes.first(1), src_tok, tgt_tok, tmp_path, ATTENTION_TYPES)
+    expected = {"attn/encoder_self/layer0"} | {
+        f"attn/{kind}/layer{n}" for kind in ("decoder_self", "cross") for n in range(2)
+    }
+    assert set(images) == expected
+    for shots in images.values():
+        assert [caption for _, caption in shots] == ["probe 0 (reference)", "probe 0 (hypothesis)"]
+        for path, _ in shots:
+            assert path.read_bytes()[:8] == PNG and path.stat().st_size > 5000
+    assert (tmp_path / "cross" / "layer1" / "probe0_hypothesis.png").is_file()
+    stats, stat_images = write_stats(model, probes.src_ids, probes.ref_ids, tmp_path, ["cross"])
+    assert stats["cross"]["entropy"].shape == (2, 4)
+    assert set(stat_images) == {"attn_stats/cross"}
+    assert (tmp_path / "stats_cross.png").read_bytes()[:8] == PNG
+    rows = write_samples(probes, tmp_path, 1)
+    assert rows[0][:3] == ["a dog runs in the park", "ein hund", probes.hypotheses[0]]
+    assert "| a dog runs in the park | ein hund |" in (tmp_path / "samples.md").read_text()
+
+
+def test_pieces_name_the_axes(tokenizers) -> None:
+    src_tok, _ = tokenizers
+    ids = src_tok.encode("a dog")
+    assert "".join(src_tok.pieces(ids)).replace("\u2581", " ").strip() == "a dog"
+    assert src_tok.pieces([BOS_ID, EOS_ID]) == ["<s>", "</s>"]
+
+
+def test_head_grid_figure_holds_one_panel_per_head() -> None:
+    fig = plots.head_grid(torch.rand(6, 3, 5).softmax(-1), list("abc"), list("vwxyz"), "title")
+    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
+    assert titles == [f"head {h}" for h in range(6)]
+
+
+def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_path) -> None:
+    src_tok, tgt_tok = tokenizers
+    model = tiny(num_decoder_layers=1, num_encoder_layers=1, num_heads=2)
+    translator = Translator(model, src_tok, tgt_tok)
+    sources, refs = ["a dog runs", "the man sits"], ["ein hund läuft", "der mann sitzt"]
+    evaluator = HeadEvaluator(translator, sources, refs, DecodeOptions(beam_size=1))
+    baseline, scores = head_importance(evaluator)
+    assert [(s.kind, s.layer, s.head) for s in scores] == [
+        (k, 0, h) for k in ATTENTION_TYPES for h in range(2)
+    ]
+    assert all(s.delta_loss != 0.0 for s in scores)  # every head matters a little
+    assert all(m.head_mask is None for k in ATTENTION_TYPES for m in model.attention_modules(k))
+    points = prune_greedily(evaluator, scores, step=0.5)
+    assert [p.heads_left for p in points] == [6, 3, 1]
+    assert points[0].loss == pytest.approx(baseline[0])
+    result = write_report(tmp_path, baseline, scores, points, len(sources))
+    assert len(result["heads"]) == 6
+    for name in ("heads_importance.png", "heads_pruning.png"):
+        assert (tmp_path / name).read_bytes()[:8] == PNG
+    assert "| heads left | share | loss | BLEU |" in (tmp_path / "heads.md").read_text()
+
+
+def test_callback_options_are_checked(tmp_path) -> None:
+    with pytest.raises(ValueError, match=r"attention types \['crosss'\] unknown"):
+        AttentionMapsCallback(tmp_path, types=["crosss"])
+    with pytest.raises(ValueError, match="2 sentences but 1 references"):
+        AttentionMapsCallback(tmp_path, sentences=["a", "b"], references=["x"])
+    with pytest.raises(ValueError, match="every_n_validations must be >= 1"):
+        AttentionMapsCallback(tmp_path, every_n_validations=0)

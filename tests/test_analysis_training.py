@@ -1,0 +1,137 @@
+"""The attention-maps callback in tiny trainings (csv logger, wandb offline) and
+``evaluate.py analysis=heads|maps`` on the checkpoint."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from tiny_corpus import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides, write_corpus
+
+import transformer.analysis.maps as maps_module
+import transformer.analysis.report as report_module
+import transformer.attention as attention_module
+from transformer.evaluation import evaluate
+from transformer.training import train
+
+PNG = b"\x89PNG\r\n\x1a\n"
+ANALYSIS = [  # one layer each side, two heads, one probe: few figures to draw
+    "model.num_encoder_layers=1",
+    "model.num_decoder_layers=1",
+    "model.num_heads=2",
+    "callbacks.attention_maps.num_probes=1",
+    "callbacks.attention_maps.stats_sentences=8",
+    "callbacks.attention_maps.num_samples=3",
+]
+
+
+def overrides_with_maps(corpus: Path) -> list[str]:
+    return [o for o in tiny_overrides(corpus) if o != ATTENTION_MAPS_OFF]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def csv_run(corpus, tmp_path_factory) -> Path:
+    """Validation at steps 3, 6 and 9, the analysis (of cross-attention) every second one:
+    steps 3 and 9."""
+    out = tmp_path_factory.mktemp("run")
+    overrides = [
+        *overrides_with_maps(corpus), *ANALYSIS, "trainer.max_steps=9",
+        "trainer.val_check_interval=3", "callbacks.attention_maps.every_n_validations=2",
+        "callbacks.attention_maps.types=[cross]",
+    ]  # fmt: skip
+    train(compose_cfg(overrides, out))
+    return out
+
+
+def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
+    root = csv_run / "attention"
+    assert sorted(p.name for p in root.iterdir()) == ["step0000003", "step0000009"]
+    step = root / "step0000009"
+    pngs = sorted(str(p.relative_to(step)) for p in step.rglob("*.png"))
+    maps = [f"cross/layer0/probe0_{target}.png" for target in ("hypothesis", "reference")]
+    assert pngs == sorted([*maps, "stats_cross.png"])
+    for png in step.rglob("*.png"):
+        assert png.read_bytes()[:8] == PNG and png.stat().st_size > 5000
+    written = json.loads((step / "stats.json").read_text())
+    assert len(written["cross"]["entropy"]) == 1 and len(written["cross"]["entropy"][0]) == 2
+    samples = json.loads((step / "samples.json").read_text())
+    assert len(samples) == 3 and set(samples[0]) == {
+        "source", "reference", "hypothesis", "sentence_bleu"
+    }  # fmt: skip
+
+
+def test_csv_logger_gets_the_head_statistics(csv_run) -> None:
+    (path,) = csv_run.glob("csv/version_*/metrics.csv")
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    logged = [r for r in rows if r.get("attn_stats/cross/entropy/l0h1")]
+    assert [int(r["step"]) for r in logged] == [3, 9]
+
+
+def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path, monkeypatch) -> None:
+    # The explicit attention path runs only inside the callback's capture, never in training
+    # or validation steps.
+    inside_capture, explicit_calls = [False], []
+    capture, explicit = maps_module.capture, attention_module.explicit_attention
+
+    def tracked_capture(*args, **kwargs):
+        inside_capture[0] = True
+        try:
+            return capture(*args, **kwargs)
+        finally:
+            inside_capture[0] = False
+
+    def tracked_explicit(*args, **kwargs):
+        explicit_calls.append(inside_capture[0])
+        return explicit(*args, **kwargs)
+
+    monkeypatch.setattr(maps_module, "capture", tracked_capture)
+    monkeypatch.setattr(report_module, "capture", tracked_capture)
+    monkeypatch.setattr(attention_module, "explicit_attention", tracked_explicit)
+    overrides = [
+        *overrides_with_maps(corpus), *ANALYSIS, "logger=wandb", "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+    ]  # fmt: skip
+    train(compose_cfg(overrides, tmp_path))
+    (run,) = tmp_path.glob("wandb/offline-run-*")
+    images = {
+        (p.parent.name, p.name.split("_")[0]) for p in run.glob("files/media/images/attn/*/*")
+    }
+    kinds = ("encoder_self", "decoder_self", "cross")
+    assert images == {(kind, "layer0") for kind in kinds}
+    assert list(run.glob("files/media/images/attn_stats/*.png"))
+    assert list(run.glob("files/media/table/samples_*.table.json"))
+    assert (tmp_path / "attention" / "step0000003" / "cross" / "layer0").is_dir()
+    assert explicit_calls and all(explicit_calls)
+
+
+def eval_cfg(overrides: list[str], out_dir: Path):
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
+
+
+def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
+    ckpt = csv_run / "checkpoints" / "last.ckpt"
+    common = [f"ckpt_path={ckpt}", "split=val", "analysis_options.sentences=4"]
+    result = evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.prune_step=0.5"],
+                               tmp_path / "heads"))  # fmt: skip
+    assert len(result["heads"]) == 3 * 1 * 2  # types x layers x heads
+    assert [p["heads_left"] for p in result["pruning"]] == [6, 3, 1]
+    written = json.loads((tmp_path / "heads" / "heads.json").read_text())
+    assert written["baseline"] == result["baseline"]
+    for name in ("heads_importance.png", "heads_pruning.png"):
+        assert (tmp_path / "heads" / name).read_bytes()[:8] == PNG
+    evaluate(eval_cfg([*common, "analysis=maps", "analysis_options.probes=1"], tmp_path / "maps"))
+    maps = tmp_path / "maps" / "attention"
+    assert (maps / "cross" / "layer0" / "probe0_reference.png").is_file()
+    assert (maps / "stats_encoder_self.png").is_file() and (maps / "samples.md").is_file()
+    with pytest.raises(ValueError, match="analysis=head: choose one of heads, maps, or null"):
+        evaluate(eval_cfg([*common, "analysis=head"], tmp_path / "bad"))

@@ -1,0 +1,1 @@
+"""Attention analysis: per-head maps, head statistics, plots, head importance and pruning."""

@@ -1,0 +1,60 @@
+"""``evaluate.py analysis=heads|maps``: head importance and pruning, or attention maps, of a
+checkpoint on (the first sentences of) a split."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
+from transformer.analysis.maps import encode_sources, encode_targets, translate_probes
+from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.model import ATTENTION_TYPES
+from transformer.translate import DecodeOptions, Translator
+
+log = logging.getLogger(__name__)
+
+ANALYSES = ("heads", "maps")
+
+
+def check_analysis(kind: str | None) -> None:
+    if kind is not None and kind not in ANALYSES:
+        raise ValueError(f"analysis={kind}: choose one of {', '.join(ANALYSES)}, or null")
+
+
+def run_analysis(
+    kind: str,
+    translator: Translator,
+    sources: list[str],
+    references: list[str],
+    options: DictConfig,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """Run one analysis of ``ANALYSES`` on the first ``options.sentences`` pairs (null = all)."""
+    check_analysis(kind)
+    count = options.sentences
+    if count is not None:
+        sources, references = sources[: int(count)], references[: int(count)]
+    if kind == "heads":
+        greedy = DecodeOptions(beam_size=1)
+        evaluator = HeadEvaluator(translator, sources, references, greedy)
+        baseline, scores = head_importance(evaluator)
+        points = prune_greedily(evaluator, scores, float(options.prune_step))
+        result = write_report(out_dir, baseline, scores, points, len(sources))
+        log.info("head importance written to %s (heads.md, heads.json, heads_*.png)", out_dir)
+        return {"analysis": "heads", "out_dir": str(out_dir), **result}
+    model, src_tok, tgt_tok = translator.model, translator.src_tokenizer, translator.tgt_tokenizer
+    n = int(options.probes)
+    probes = translate_probes(model, src_tok, tgt_tok, sources[:n], references[:n])
+    render_maps(model, probes, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES)
+    limit = model.cfg.max_positions
+    write_stats(
+        model, encode_sources(src_tok, sources, limit), encode_targets(tgt_tok, references, limit),
+        out_dir / "attention", ATTENTION_TYPES,
+    )  # fmt: skip
+    write_samples(probes, out_dir / "attention", n)
+    log.info("attention maps written to %s", out_dir / "attention")
+    return {"analysis": "maps", "num_sentences": len(sources), "out_dir": str(out_dir)}

@@ -1,0 +1,144 @@
+"""Per-sentence attention maps of every layer and head, teacher-forced on given targets.
+
+Capture runs the explicit attention path only here, on the probe batch; every other forward pass
+keeps the fused kernel (``attention=None``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from transformer.decoding import greedy_decode
+from transformer.decoding.step import evaluating
+from transformer.model import ATTENTION_TYPES, AttentionMaps, Transformer
+
+
+@dataclass
+class SentenceMaps:
+    """One sentence's weights per attention type, each (L, H, Tq, Tk), trimmed of padding.
+
+    Queries of the decoder are ``tgt_in`` (bos + target); keys of encoder self- and
+    cross-attention are ``src`` (source + eos).
+    """
+
+    src: list[int]
+    tgt_in: list[int]
+    weights: dict[str, Tensor]
+
+    def axes(self, kind: str) -> tuple[list[int], list[int]]:
+        """(query ids, key ids) of an attention type."""
+        if kind == "encoder_self":
+            return self.src, self.src
+        if kind == "decoder_self":
+            return self.tgt_in, self.tgt_in
+        return self.tgt_in, self.src
+
+
+def pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
+    """Right-pad id lists into (B, max length) long."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
+    return out.to(device)
+
+
+@torch.no_grad()
+def capture(
+    model: Transformer, srcs: Sequence[list[int]], tgt_ins: Sequence[list[int]]
+) -> list[SentenceMaps]:
+    """Teacher-forced weights for each (source + eos, bos + target) pair, in one batch."""
+    device = next(model.parameters()).device
+    src = pad(srcs, model.cfg.pad_id, device)  # (B, S)
+    tgt = pad(tgt_ins, model.cfg.pad_id, device)  # (B, T)
+    maps = AttentionMaps()
+    with evaluating(model):
+        model(src, tgt, attention=maps)
+    stacked = {kind: torch.stack(getattr(maps, kind), 1).float().cpu() for kind in ATTENTION_TYPES}
+    out = []
+    for i, (s, t) in enumerate(zip(srcs, tgt_ins, strict=True)):
+        S, T = len(s), len(t)
+        weights = {
+            "encoder_self": stacked["encoder_self"][i, :, :, :S, :S],  # (L, H, S, S)
+            "decoder_self": stacked["decoder_self"][i, :, :, :T, :T],  # (L, H, T, T)
+            "cross": stacked["cross"][i, :, :, :T, :S],  # (L, H, T, S)
+        }
+        out.append(SentenceMaps(list(s), list(t), weights))
+    return out
+
+
+def capture_in_batches(
+    model: Transformer,
+    srcs: Sequence[list[int]],
+    tgt_ins: Sequence[list[int]],
+    batch_size: int = 32,
+) -> list[SentenceMaps]:
+    out: list[SentenceMaps] = []
+    for start in range(0, len(srcs), batch_size):
+        end = start + batch_size
+        out.extend(capture(model, srcs[start:end], tgt_ins[start:end]))
+    return out
+
+
+def encode_sources(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
+    """Texts -> ids + eos, at most ``limit`` long (the model's positions)."""
+    return [ids[: limit - 1] + [EOS_ID] for ids in tok.encode_batch(list(texts))]
+
+
+def encode_targets(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
+    """Texts -> bos + ids (decoder inputs), at most ``limit`` long."""
+    return [[BOS_ID, *ids[: limit - 1]] for ids in tok.encode_batch(list(texts))]
+
+
+@dataclass
+class Probes:
+    """Probe sentences as ids: sources (+ eos), references (bos + ...) when known, and the
+    model's greedy translations (bos + ...) with their texts."""
+
+    sources: list[str]
+    references: list[str] | None
+    src_ids: list[list[int]]
+    ref_ids: list[list[int]] | None
+    hyp_ids: list[list[int]]
+    hypotheses: list[str]
+
+    def first(self, n: int) -> Probes:
+        refs, ref_ids = self.references, self.ref_ids
+        return Probes(
+            self.sources[:n], None if refs is None else refs[:n], self.src_ids[:n],
+            None if ref_ids is None else ref_ids[:n], self.hyp_ids[:n], self.hypotheses[:n],
+        )  # fmt: skip
+
+
+@torch.no_grad()
+def translate_probes(
+    model: Transformer,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    sources: Sequence[str],
+    references: Sequence[str] | None = None,
+    max_len_a: float = 1.2,
+    max_len_b: int = 10,
+) -> Probes:
+    """Tokenize the probes and translate them greedily (the validation decoder's rules)."""
+    limit = model.cfg.max_positions
+    src_ids = encode_sources(src_tok, sources, limit)
+    ref_ids = None if references is None else encode_targets(tgt_tok, references, limit)
+    device = next(model.parameters()).device
+    out = greedy_decode(
+        model, pad(src_ids, model.cfg.pad_id, device), BOS_ID, EOS_ID,
+        max_len_a=max_len_a, max_len_b=max_len_b,
+    ).tolist()  # fmt: skip
+    hyp_ids = []
+    for row in out:
+        tokens = row[: row.index(EOS_ID)] if EOS_ID in row else row
+        hyp_ids.append([BOS_ID, *tokens])
+    hypotheses = [tgt_tok.decode(ids) for ids in hyp_ids]
+    return Probes(
+        list(sources), None if references is None else list(references),
+        src_ids, ref_ids, hyp_ids, hypotheses,
+    )  # fmt: skip

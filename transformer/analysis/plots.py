@@ -1,0 +1,98 @@
+"""Matplotlib figures (Agg, no pyplot state): head grids of attention maps and layer x head
+heatmaps. Each function returns a :class:`~matplotlib.figure.Figure`; :func:`save` writes it."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from matplotlib import patheffects
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.figure import Figure
+from torch import Tensor
+
+TICK_FONT = 7
+CELL_INCH = 0.17  # per piece on an axis: 40 pieces -> a 7-inch panel
+OUTLINE = [patheffects.withStroke(linewidth=1.5, foreground="black")]  # readable cell labels
+
+
+def _figure(width: float, height: float) -> Figure:
+    fig = Figure(figsize=(width, height), layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig
+
+
+def head_grid(
+    weights: Tensor, query_pieces: list[str], key_pieces: list[str], title: str, max_cols: int = 4
+) -> Figure:
+    """weights (H, Tq, Tk) of one layer -> a grid of heads, pieces on the axes."""
+    num_heads, tq, tk = weights.shape
+    cols = min(num_heads, max_cols)
+    rows = math.ceil(num_heads / cols)
+    panel_w, panel_h = max(2.5, CELL_INCH * tk + 0.8), max(2.5, CELL_INCH * tq + 0.6)
+    fig = _figure(cols * panel_w + 0.8, rows * panel_h + 0.5)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    image = None
+    for h, ax in enumerate(axes.flat):
+        if h >= num_heads:
+            ax.axis("off")
+            continue
+        image = ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
+        ax.set_title(f"head {h}", fontsize=9)
+        ax.set_xticks(range(tk), key_pieces, rotation=90, fontsize=TICK_FONT)
+        ax.set_yticks(range(tq), query_pieces, fontsize=TICK_FONT)
+        ax.tick_params(length=0)
+    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def layer_head_heatmaps(
+    panels: dict[str, Tensor], title: str, cmap: str = "viridis", center_zero: bool = False
+) -> Figure:
+    """One (L, H) heatmap per entry of ``panels`` (e.g. one per statistic), values written in."""
+    names = list(panels)
+    num_layers, num_heads = next(iter(panels.values())).shape
+    cols = min(len(names), 3)
+    rows = math.ceil(len(names) / cols)
+    panel_w, panel_h = max(2.6, 0.55 * num_heads + 1.2), max(2.0, 0.45 * num_layers + 0.9)
+    fig = _figure(cols * panel_w, rows * panel_h + 0.4)
+    axes = fig.subplots(rows, cols, squeeze=False)
+    for ax, name in zip(axes.flat, names, strict=False):
+        values = panels[name].float().numpy()
+        limits = {}
+        if center_zero:
+            bound = max(float(abs(values).max()), 1e-9)
+            limits = {"vmin": -bound, "vmax": bound}
+        image = ax.imshow(values, cmap=cmap, aspect="auto", **limits)
+        for layer in range(num_layers):
+            for head in range(num_heads):
+                ax.text(head, layer, f"{values[layer, head]:.3g}", ha="center", va="center",
+                        fontsize=7, color="w", path_effects=OUTLINE)  # fmt: skip
+        ax.set_title(name, fontsize=9)
+        ax.set_xticks(range(num_heads), [f"h{h}" for h in range(num_heads)], fontsize=TICK_FONT)
+        ax.set_yticks(range(num_layers), [f"layer {n}" for n in range(num_layers)], fontsize=7)
+        fig.colorbar(image, ax=ax, shrink=0.8)
+    for ax in list(axes.flat)[len(names) :]:
+        ax.axis("off")
+    fig.suptitle(title, fontsize=11)
+    return fig
+
+
+def line_plot(x: list[float], y: list[float], xlabel: str, ylabel: str, title: str) -> Figure:
+    fig = _figure(4.5, 3.2)
+    ax = fig.subplots()
+    ax.plot(x, y, marker="o")
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(alpha=0.3)
+    return fig
+
+
+def save(fig: Figure, path: Path, dpi: int = 90) -> Path:
+    """Write ``fig`` as PNG (parents created) and free its canvas."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=dpi)
+    fig.clear()
+    return path

@@ -1,0 +1,108 @@
+"""Files of one analysis pass: attention-map PNGs of the probes, head statistics (PNG, JSON,
+scalars) and sample translations (Markdown, JSON). Shared by the training callback and
+``evaluate.py analysis=maps``."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+
+import sacrebleu
+from torch import Tensor
+
+from transformer.analysis import plots
+from transformer.analysis.maps import Probes, capture, capture_in_batches
+from transformer.analysis.stats import STATS, head_stats
+from transformer.data.tokenizer import Tokenizer
+from transformer.model import Transformer
+
+Images = dict[str, list[tuple[Path, str]]]  # logger key -> (PNG path, caption) per probe
+
+
+def render_maps(
+    model: Transformer,
+    probes: Probes,
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    out_dir: Path,
+    types: Sequence[str],
+    max_pieces: int = 40,
+) -> Images:
+    """One PNG per (attention type, layer, probe, target): ``<out_dir>/<type>/layer<l>/
+    probe<i>_<reference|hypothesis>.png``, the heads of that layer in a grid. Longer sentences
+    are cut to their first ``max_pieces`` pieces on each axis."""
+    variants = [("hypothesis", probes.hyp_ids)]
+    if probes.ref_ids is not None:
+        variants.insert(0, ("reference", probes.ref_ids))
+    images: Images = {}
+    for variant, targets in variants:
+        for i, sentence in enumerate(capture(model, probes.src_ids, targets)):
+            for kind in types:
+                q_ids, k_ids = (ids[:max_pieces] for ids in sentence.axes(kind))
+                q_side = src_tok if kind == "encoder_self" else tgt_tok
+                k_side = tgt_tok if kind == "decoder_self" else src_tok
+                weights = sentence.weights[kind][:, :, : len(q_ids), : len(k_ids)]  # (L, H, q, k)
+                for layer in range(weights.size(0)):
+                    title = f"{kind} attention, layer {layer}: probe {i}, on the {variant}"
+                    fig = plots.head_grid(
+                        weights[layer], q_side.pieces(q_ids), k_side.pieces(k_ids), title
+                    )
+                    path = plots.save(
+                        fig, out_dir / kind / f"layer{layer}" / f"probe{i}_{variant}.png"
+                    )
+                    images.setdefault(f"attn/{kind}/layer{layer}", []).append(
+                        (path, f"probe {i} ({variant})")
+                    )
+    return images
+
+
+def write_stats(
+    model: Transformer, src_ids: list[list[int]], ref_ids: list[list[int]], out_dir: Path,
+    types: Sequence[str],
+) -> tuple[dict[str, dict[str, Tensor]], Images]:  # fmt: skip
+    """Head statistics teacher-forced on the references: ``stats.json`` and one layer x head
+    heatmap per attention type (``stats_<type>.png``). Returns {type: {stat: (L, H)}}, images."""
+    sentences = capture_in_batches(model, src_ids, ref_ids)
+    stats = {kind: head_stats(sentences, kind) for kind in types}
+    images: Images = {}
+    for kind, values in stats.items():
+        title = f"{kind} attention heads over {len(sentences)} sentences"
+        path = plots.save(plots.layer_head_heatmaps(values, title), out_dir / f"stats_{kind}.png")
+        images[f"attn_stats/{kind}"] = [(path, title)]
+    as_lists = {k: {s: v.tolist() for s, v in values.items()} for k, values in stats.items()}
+    (out_dir / "stats.json").write_text(json.dumps(as_lists, indent=1) + "\n", encoding="utf-8")
+    return stats, images
+
+
+def stat_scalars(stats: dict[str, dict[str, Tensor]]) -> dict[str, float]:
+    """``attn_stats/<type>/<stat>/l<layer>h<head>`` -> value, for the loggers."""
+    return {
+        f"attn_stats/{kind}/{name}/l{layer}h{head}": float(values[name][layer, head])
+        for kind, values in stats.items()
+        for name in STATS
+        for layer in range(values[name].size(0))
+        for head in range(values[name].size(1))
+    }
+
+
+SAMPLE_COLUMNS = ["source", "reference", "hypothesis", "sentence_bleu"]
+
+
+def write_samples(probes: Probes, out_dir: Path, count: int) -> list[list[str | float]]:
+    """The first ``count`` probes with their translation and sentence BLEU: ``samples.md`` and
+    ``samples.json``; returns the rows (``SAMPLE_COLUMNS``)."""
+    references = probes.references or [""] * len(probes.sources)
+    rows: list[list[str | float]] = []
+    for src, ref, hyp in list(zip(probes.sources, references, probes.hypotheses, strict=True))[
+        :count
+    ]:
+        bleu = round(sacrebleu.sentence_bleu(hyp, [ref]).score, 2) if ref else float("nan")
+        rows.append([src, ref, hyp, bleu])
+    out_dir.mkdir(parents=True, exist_ok=True)
+    lines = ["| " + " | ".join(SAMPLE_COLUMNS) + " |", "|---|---|---|---:|"]
+    lines += ["| " + " | ".join(str(c).replace("|", "\\|") for c in row) + " |" for row in rows]
+    (out_dir / "samples.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    records = [dict(zip(SAMPLE_COLUMNS, row, strict=True)) for row in rows]
+    (out_dir / "samples.json").write_text(json.dumps(records, indent=1) + "\n", encoding="utf-8")
+    return rows
