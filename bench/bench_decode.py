@@ -21,12 +21,15 @@ import time
 import torch
 
 from transformer import Transformer, TransformerConfig
+from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.decoding import beam_search
 
 
-def source_batches(args: argparse.Namespace, device: torch.device) -> list[torch.Tensor]:
+def source_batches(
+    args: argparse.Namespace, device: torch.device, limit: int
+) -> list[torch.Tensor]:
     dm = TranslationDataModule(
         root=args.root, src_lang=args.src_lang, tgt_lang=args.tgt_lang,
         vocab_size=args.vocab, cache_dir=args.cache_dir, num_workers=0,
@@ -34,14 +37,10 @@ def source_batches(args: argparse.Namespace, device: torch.device) -> list[torch
     dm.prepare_data()
     dm.setup()
     lines = dm.sources(args.split)[: args.limit]
-    ids = [dm.src_tokenizer.encode(line) + [EOS_ID] for line in lines]
+    ids = encode_sources(dm.src_tokenizer, lines, limit)
     batches = []
     for i in range(0, len(ids), args.batch):
-        chunk = ids[i : i + args.batch]
-        src = torch.full((len(chunk), max(map(len, chunk))), PAD_ID)
-        for row, seq in enumerate(chunk):
-            src[row, : len(seq)] = torch.tensor(seq)
-        batches.append(src.to(device))
+        batches.append(pad(ids[i : i + args.batch], PAD_ID, device))
     return batches
 
 
@@ -106,7 +105,7 @@ def main() -> None:
 
         systems["MarianMTModel.generate"] = hf_generate
 
-    batches = source_batches(args, device)
+    batches = source_batches(args, device, cfg.max_positions)
     systems_time = {name: 0.0 for name in systems}
     per_batch = {name: [] for name in systems}
     for src in [batches[0]] + batches:  # the first batch twice: warm-up, not timed

@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
 
+from transformer.data.collate import encode_sources, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transformer.decoding import beam_search, greedy_decode
 from transformer.model import Transformer
-
-log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -52,23 +50,13 @@ class Translator:
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
         self.device = next(model.parameters()).device
 
-    def _encode(self, lines: list[str]) -> list[list[int]]:
-        longest = self.model.cfg.max_positions
-        ids = [seq + [EOS_ID] for seq in self.src_tokenizer.encode_batch(lines)]
-        too_long = [i for i, seq in enumerate(ids) if len(seq) > longest]
-        if too_long:
-            log.warning(
-                "%d input line(s) have more than max_positions=%d pieces and are cut to fit "
-                "(first: line %d)", len(too_long), longest, too_long[0] + 1,
-            )  # fmt: skip
-            ids = [seq[: longest - 1] + [EOS_ID] if len(seq) > longest else seq for seq in ids]
-        return ids
-
     def translate(self, lines: list[str], options: DecodeOptions) -> list[list[Translation]]:
         """Each line's ``options.nbest`` translations, best first; blank lines give ""."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
-        ids = dict(zip(todo, self._encode([lines[i] for i in todo]), strict=True))
+        limit = self.model.cfg.max_positions
+        encoded = encode_sources(self.src_tokenizer, [lines[i] for i in todo], limit)
+        ids = dict(zip(todo, encoded, strict=True))
         order = sorted(todo, key=lambda i: len(ids[i]), reverse=True)
         start = 0
         while start < len(order):
@@ -76,10 +64,8 @@ class Translator:
             count = max(1, min(len(order) - start, options.max_tokens // longest))
             batch = order[start : start + count]
             start += count
-            src = torch.zeros(len(batch), longest, dtype=torch.long)
-            for row, i in enumerate(batch):
-                src[row, : len(ids[i])] = torch.tensor(ids[i])
-            for i, hyps in zip(batch, self._decode(src.to(self.device), options), strict=True):
+            src = pad([ids[i] for i in batch], self.model.cfg.pad_id, self.device)
+            for i, hyps in zip(batch, self._decode(src, options), strict=True):
                 results[i] = hyps
         return results
 

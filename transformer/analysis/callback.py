@@ -13,7 +13,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
-from transformer.analysis.maps import encode_sources, encode_targets, translate_probes
+from transformer.analysis.maps import translate_probes
 from transformer.analysis.report import (
     SAMPLE_COLUMNS,
     Images,
@@ -22,6 +22,7 @@ from transformer.analysis.report import (
     write_samples,
     write_stats,
 )
+from transformer.data.collate import encode_sources, encode_targets
 from transformer.model import ATTENTION_TYPES
 
 log = logging.getLogger(__name__)

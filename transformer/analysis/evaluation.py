@@ -10,8 +10,9 @@ from typing import Any
 from omegaconf import DictConfig
 
 from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
-from transformer.analysis.maps import encode_sources, encode_targets, translate_probes
+from transformer.analysis.maps import translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.data.collate import encode_sources, encode_targets
 from transformer.model import ATTENTION_TYPES
 from transformer.translate import DecodeOptions, Translator
 

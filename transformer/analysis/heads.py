@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from transformer.analysis import plots
-from transformer.analysis.maps import encode_sources, encode_targets, pad
+from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import EOS_ID
 from transformer.decoding.step import evaluating
 from transformer.metrics import score_translations

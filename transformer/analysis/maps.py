@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transformer.decoding import greedy_decode
 from transformer.decoding.step import evaluating
@@ -37,14 +38,6 @@ class SentenceMaps:
         if kind == "decoder_self":
             return self.tgt_in, self.tgt_in
         return self.tgt_in, self.src
-
-
-def pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
-    """Right-pad id lists into (B, max length) long."""
-    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
-    for i, seq in enumerate(seqs):
-        out[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
-    return out.to(device)
 
 
 @torch.no_grad()
@@ -82,16 +75,6 @@ def capture_in_batches(
         end = start + batch_size
         out.extend(capture(model, srcs[start:end], tgt_ins[start:end]))
     return out
-
-
-def encode_sources(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
-    """Texts -> ids + eos, at most ``limit`` long (the model's positions)."""
-    return [ids[: limit - 1] + [EOS_ID] for ids in tok.encode_batch(list(texts))]
-
-
-def encode_targets(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
-    """Texts -> bos + ids (decoder inputs), at most ``limit`` long."""
-    return [[BOS_ID, *ids[: limit - 1]] for ids in tok.encode_batch(list(texts))]
 
 
 @dataclass

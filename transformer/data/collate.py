@@ -2,14 +2,18 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Sequence
 from dataclasses import dataclass, fields, replace
 
 import numpy as np
 import torch
 from torch import Tensor
 
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transformer.masks import padding_mask
+
+log = logging.getLogger(__name__)
 
 # One example as the dataset gives it: (index in the split, source piece ids, target piece ids),
 # the ids without bos/eos.
@@ -98,3 +102,32 @@ class Collator:
             num_tgt_tokens=int((~labels_mask).sum()),
             ids=torch.from_numpy(ids),
         )
+
+
+# Raw text outside a Batch (translation, analysis): the same conventions, with lengths capped at
+# the model's positions.
+
+
+def encode_sources(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
+    """Texts -> ``x + eos`` ids, at most ``limit`` long; cut lines are counted in a warning."""
+    encoded = tok.encode_batch(list(texts))
+    cut = [i for i, ids in enumerate(encoded) if len(ids) + 1 > limit]
+    if cut:
+        log.warning(
+            "%d input line(s) have more than %d pieces with eos (the model's max_positions) and "
+            "are cut to fit (first: line %d)", len(cut), limit, cut[0] + 1,
+        )  # fmt: skip
+    return [ids[: limit - 1] + [EOS_ID] for ids in encoded]
+
+
+def encode_targets(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
+    """Texts -> ``bos + y`` ids (decoder inputs), at most ``limit`` long."""
+    return [[BOS_ID, *ids[: limit - 1]] for ids in tok.encode_batch(list(texts))]
+
+
+def pad(seqs: Sequence[Sequence[int]], pad_id: int, device: torch.device | None = None) -> Tensor:
+    """Right-pad id lists into (B, max length) long."""
+    out = torch.full((len(seqs), max(len(s) for s in seqs)), pad_id, dtype=torch.long)
+    for i, seq in enumerate(seqs):
+        out[i, : len(seq)] = torch.tensor(list(seq), dtype=torch.long)
+    return out.to(device)
