@@ -178,13 +178,6 @@ class TranslationModule(L.LightningModule):
     # -- validation --------------------------------------------------------------------------
 
     def on_validation_epoch_start(self) -> None:
-        # An evaluation batch sampler keeps its position between passes when a pass ends
-        # without exhausting it (Lightning stops at its length): rewind it for a full pass.
-        loaders = self.trainer.val_dataloaders
-        for loader in loaders if isinstance(loaders, (list, tuple)) else [loaders]:
-            sampler = getattr(loader, "batch_sampler", None)
-            if getattr(sampler, "shuffle", True) is False and hasattr(sampler, "load_state_dict"):
-                sampler.load_state_dict({**sampler.state_dict(), "epoch": 0, "position": 0})
         self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
         self._val_hyps = {}
 

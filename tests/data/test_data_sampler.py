@@ -64,6 +64,15 @@ def test_eval_order_is_sorted_and_fixed():
     assert longest == sorted(longest)
 
 
+def test_eval_pass_after_an_unfinished_one_is_whole():
+    src, tgt = sizes(200)
+    s = TokenBudgetBatchSampler(src, tgt, max_tokens=300, shuffle=False)
+    whole = list(s)
+    partial = iter(s)
+    next(partial), next(partial)  # a sanity check stops after two batches
+    assert list(s) == whole
+
+
 def test_sentence_over_budget_is_an_error():
     with pytest.raises(ValueError, match=r"example 1 needs 80 tokens.*max_tokens=64"):
         TokenBudgetBatchSampler([5, 70, 6], [5, 80, 6], max_tokens=64)

@@ -4,7 +4,9 @@ exact mid-epoch resume.
 Each epoch, with a generator seeded by ``(seed, epoch)``: the examples are put in random order and
 then stably sorted by their padded size, so that batches hold sentences of nearly equal length
 (bucketing by length, with random ties); the sorted list is cut greedily into batches that fit the
-budget; the batch order is shuffled. Evaluation (``shuffle=False``) keeps the sorted order.
+budget; the batch order is shuffled. Evaluation (``shuffle=False``) keeps the sorted order, and
+every pass over it is whole: a pass left unfinished (Lightning's sanity check stops after a few
+batches) does not shorten the next.
 
 DDP: all ranks build the same batch list, and rank ``r`` of ``R`` takes batches ``r, r + R, ...``.
 To give every rank the same number of steps without dropping or repeating examples, the list is
@@ -96,6 +98,8 @@ class TokenBudgetBatchSampler:
 
     def __iter__(self) -> Iterator[list[int]]:
         batches = self._rank_batches()
+        if not self.shuffle:  # evaluation: no position to resume, every pass from the start
+            self.position = 0
         if self.position >= len(batches):
             # The epoch was used up (its iterator need not have been exhausted): without a
             # set_epoch call, the next pass is the next epoch, reshuffled.
