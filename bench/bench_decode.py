@@ -1,4 +1,5 @@
-"""Beam-search speed: our cached decoder, our uncached decoder, Hugging Face MarianMTModel.
+"""Decoding speed (beam search, or greedy with --beam 1): our cached decoder, our uncached
+decoder, Hugging Face MarianMTModel.generate.
 
 Sources are the real sentences of a Multi30k split, tokenized by the data pipeline (a joint
 SentencePiece model trained on its training split); the models have the same sizes and random
@@ -9,6 +10,7 @@ batch by batch; the table gives sentences/s and the ratios.
     pip install transformers   # only for the MarianMTModel column
     python bench/bench_decode.py --root ../shared/data/multi30k
     python bench/bench_decode.py --root DIR --limit 200 --no-uncached
+    python bench/bench_decode.py --root DIR --beam 1 --no-uncached   # greedy
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from transformer import Transformer, TransformerConfig
 from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.decoding import beam_search
+from transformer.decoding import beam_search, greedy_decode
 
 
 def source_batches(
@@ -67,7 +69,7 @@ def main() -> None:
     p.add_argument("--cache-dir", default="data/cache")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--batch", type=int, default=50, help="sentences per batch")
-    p.add_argument("--beam", type=int, default=5)
+    p.add_argument("--beam", type=int, default=5, help="1 = greedy decoding")
     p.add_argument("--length", type=int, default=25, help="tokens each system must produce")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
@@ -87,12 +89,14 @@ def main() -> None:
     )  # fmt: skip
     ours = Transformer(cfg).to(device).eval()
     n = args.length
-    options = dict(
-        bos_id=BOS_ID, eos_id=EOS_ID, beam_size=args.beam, min_len=n, max_len_a=0.0, max_len_b=n
-    )
-    systems = {"ours, cached": lambda src: beam_search(ours, src, **options)}
-    if not args.no_uncached:
-        systems["ours, uncached"] = lambda src: beam_search(ours, src, use_cache=False, **options)
+    options = dict(bos_id=BOS_ID, eos_id=EOS_ID, min_len=n, max_len_a=0.0, max_len_b=n)
+    beam = dict(options, beam_size=args.beam)
+    if args.beam == 1:
+        systems = {"ours, cached": lambda src: greedy_decode(ours, src, **options)}
+    else:
+        systems = {"ours, cached": lambda src: beam_search(ours, src, **beam)}
+    if not args.no_uncached:  # beam search of size 1 is greedy decoding (tests/test_decoding.py)
+        systems["ours, uncached"] = lambda src: beam_search(ours, src, use_cache=False, **beam)
     if not args.no_marian:
         hf = marian(cfg).to(device).eval()
 

@@ -86,6 +86,19 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
     both = f"ckpt_path=[{ckpt},{tmp_path / 'tripled.ckpt'}]"
     evaluate(eval_cfg([both, "decode=greedy"], tmp_path / "b"))
     assert lines(tmp_path / "a" / "hypotheses.txt") == lines(tmp_path / "b" / "hypotheses.txt")
+    # A glob pattern names the same set (epoch checkpoints: ckpt_path='OUT/checkpoints/epochs/*').
+    pair = tmp_path / "pair"
+    pair.mkdir()
+    shutil.copy(ckpt, pair / "a.ckpt")
+    shutil.copy(tmp_path / "tripled.ckpt", pair / "b.ckpt")
+    out = evaluate(eval_cfg([f"ckpt_path='{pair}/*.ckpt'", "decode=greedy"], tmp_path / "c"))
+    assert out["checkpoints"] == [str(pair / "a.ckpt"), str(pair / "b.ckpt")]
+    assert lines(tmp_path / "c" / "hypotheses.txt") == lines(tmp_path / "a" / "hypotheses.txt")
+
+
+def test_glob_matching_nothing_is_refused(tmp_path) -> None:
+    with pytest.raises(FileNotFoundError, match=r"ckpt_path=.*nothing/\*.ckpt matches no file"):
+        evaluate(eval_cfg([f"ckpt_path='{tmp_path}/nothing/*.ckpt'"], tmp_path / "out"))
 
 
 def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:

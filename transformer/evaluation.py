@@ -6,6 +6,7 @@ Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
 
 from __future__ import annotations
 
+import glob
 import json
 import logging
 import sys
@@ -38,11 +39,27 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def checkpoint_paths(ckpt_path: Any) -> list[str]:
+    """The checkpoints ``ckpt_path`` names: one path, a list, or glob patterns (sorted matches)."""
+    given = list(ckpt_path) if isinstance(ckpt_path, (list, ListConfig)) else [ckpt_path]
+    paths = []
+    for entry in map(str, given):
+        if glob.has_magic(entry):
+            matches = sorted(glob.glob(entry))
+            if not matches:
+                raise FileNotFoundError(f"ckpt_path={entry} matches no file")
+            paths += matches
+        else:
+            paths.append(entry)
+    return paths
+
+
 def _checkpoint(ckpt_path: Any) -> tuple[dict[str, Any], list[str]]:
-    paths = [str(p) for p in ckpt_path] if isinstance(ckpt_path, (list, ListConfig)) else None
-    if paths is None:
-        return load_checkpoint(ckpt_path), [str(ckpt_path)]
-    return (average_checkpoints(paths) if len(paths) > 1 else load_checkpoint(paths[0])), paths
+    paths = checkpoint_paths(ckpt_path)
+    if len(paths) > 1:
+        log.info("averaging %d checkpoints: %s", len(paths), ", ".join(paths))
+        return average_checkpoints(paths), paths
+    return load_checkpoint(paths[0]), paths
 
 
 def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> TranslationDataModule:
