@@ -14,7 +14,6 @@ import argparse
 import statistics
 import sys
 import time
-import warnings
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
@@ -23,8 +22,6 @@ import torch
 
 from bench.common import TorchTransformer, autocast_factory, synchronize, train_step
 from transformer import Transformer, TransformerConfig
-
-warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
 
 PAD, BOS = 0, 2
 

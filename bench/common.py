@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
 
@@ -27,10 +28,12 @@ class TorchTransformer(nn.Module):
         emb = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
         nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)
         self.embed = TransformerEmbedding(emb, cfg.max_positions, cfg.dropout)
-        self.core = nn.Transformer(
-            cfg.d_model, cfg.num_heads, cfg.num_encoder_layers, cfg.num_decoder_layers,
-            cfg.d_ff, cfg.dropout, batch_first=True, norm_first=cfg.norm_first,
-        )  # fmt: skip
+        with warnings.catch_warnings():  # nested tensors are an inference fast path: not used
+            warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+            self.core = nn.Transformer(
+                cfg.d_model, cfg.num_heads, cfg.num_encoder_layers, cfg.num_decoder_layers,
+                cfg.d_ff, cfg.dropout, batch_first=True, norm_first=cfg.norm_first,
+            )  # fmt: skip
         self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         self.output.weight = emb.weight
 
