@@ -3,8 +3,9 @@
 Every system is built with the same sizes, trains from scratch on the same token-budget batches,
 alternating step by step (the order rotates each step), and runs the same step: forward, label-
 smoothed cross entropy over the non-pad targets (fp32), backward, AdamW (fused on CUDA). Per
-system: target (non-pad) tokens/s over the timed steps, peak memory, achieved model TFLOP/s and
-MFU, and the median over batches of the per-batch speed ratio ours / system.
+system, each the median over the timed steps (robust to a busy machine's stalls): target (non-pad)
+tokens/s, achieved model TFLOP/s and MFU, and the per-batch speed ratio ours / system; and peak
+memory.
 
     python bench/bench_train.py                          # base; bf16 on a GPU, fp32 on CPU
     python bench/bench_train.py --model big --compile
@@ -105,8 +106,8 @@ GPU_PEAKS = (
 class Row:
     name: str
     parameters: int
-    tokens_per_s: float  # target (non-pad) tokens over the timed steps / their time
-    tflops: float  # achieved model TFLOP/s
+    tokens_per_s: float  # target (non-pad) tokens/s, median over the timed steps
+    tflops: float  # achieved model TFLOP/s, median over the timed steps
     mfu: float | None
     peak_memory_mib: float | None  # None on CPU
     ratio: float | None  # ours / this system, median of per-batch ratios; None for ours
@@ -339,8 +340,8 @@ def main(argv: Sequence[str] | None = None) -> Result:
     peak = args.peak_tflops or peak_tflops(device, dtype)
     rows = []
     for name in names:
-        total = sum(seconds[name])
-        tflops = sum(flops) / total / 1e12
+        rate = statistics.median(n / t for n, t in zip(tokens, seconds[name], strict=True))
+        tflops = statistics.median(f / t for f, t in zip(flops, seconds[name], strict=True)) / 1e12
         memory = None
         if device.type == "cuda":
             memory = (state_bytes(systems[name], opts[name]) + rise[name]) / 2**20
@@ -350,7 +351,7 @@ def main(argv: Sequence[str] | None = None) -> Result:
                 b / a for a, b in zip(seconds["ours"], seconds[name], strict=True)
             )
         rows.append(
-            Row(name, params[name], sum(tokens) / total, tflops, tflops / peak if peak else None,
+            Row(name, params[name], rate, tflops, tflops / peak if peak else None,
                 memory, ratio)
         )  # fmt: skip
     report(args, cfg, device, dtype, peak, batches, timed, flops, rows, notes)
@@ -408,7 +409,8 @@ def report(
             f"{r.tflops:.3g} | {mfu} | {ratio} |"
         )
     print(
-        "ratio: median over batches of (system's step time / ours). MarianMTModel is post-norm "
+        "medians over the timed steps; ratio: system's step time / ours on the same batch. "
+        "MarianMTModel is post-norm "
         "with its own embedding scale; torch.nn.Transformer runs pre-norm like ours."
     )
     if device.type == "cpu":
