@@ -18,10 +18,15 @@ from __future__ import annotations
 import argparse
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
 
 import torch
 
+from bench.common import marian
 from transformer import Transformer, TransformerConfig
 from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
@@ -44,20 +49,6 @@ def source_batches(
     for i in range(0, len(ids), args.batch):
         batches.append(pad(ids[i : i + args.batch], PAD_ID, device))
     return batches
-
-
-def marian(cfg: TransformerConfig):
-    from transformers import MarianConfig, MarianMTModel
-
-    config = MarianConfig(
-        vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.num_encoder_layers,
-        decoder_layers=cfg.num_decoder_layers, encoder_attention_heads=cfg.num_heads,
-        decoder_attention_heads=cfg.num_heads, encoder_ffn_dim=cfg.d_ff,
-        decoder_ffn_dim=cfg.d_ff, max_position_embeddings=cfg.max_positions,
-        pad_token_id=PAD_ID, eos_token_id=EOS_ID, decoder_start_token_id=BOS_ID,
-        forced_eos_token_id=EOS_ID, scale_embedding=True, share_encoder_decoder_embeddings=True,
-    )  # fmt: skip
-    return MarianMTModel(config)
 
 
 def main() -> None:

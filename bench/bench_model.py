@@ -12,49 +12,18 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import sys
 import time
-import warnings
-from contextlib import nullcontext
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
 
 import torch
-import torch.nn.functional as F
-from torch import nn
 
+from bench.common import TorchTransformer, autocast_factory, synchronize, train_step
 from transformer import Transformer, TransformerConfig
-from transformer.embedding import TransformerEmbedding
-from transformer.masks import causal_allowed
-
-warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
 
 PAD, BOS = 0, 2
-
-
-class TorchTransformer(nn.Module):
-    """torch.nn.Transformer with our embeddings and tied output projection around it."""
-
-    def __init__(self, cfg: TransformerConfig, tgt_pad_mask: bool = True) -> None:
-        super().__init__()
-        self.pad_id = cfg.pad_id
-        self.tgt_pad_mask = tgt_pad_mask  # without it, causality alone guards right-padded targets
-        emb = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
-        nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)
-        self.embed = TransformerEmbedding(emb, cfg.max_positions, cfg.dropout)
-        self.core = nn.Transformer(
-            cfg.d_model, cfg.num_heads, cfg.num_encoder_layers, cfg.num_decoder_layers,
-            cfg.d_ff, cfg.dropout, batch_first=True, norm_first=cfg.norm_first,
-        )  # fmt: skip
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
-        self.output.weight = emb.weight
-
-    def forward(self, src: torch.Tensor, tgt: torch.Tensor) -> torch.Tensor:
-        src_pad = src.eq(self.pad_id)
-        tgt_pad = tgt.eq(self.pad_id) if self.tgt_pad_mask else None
-        causal = ~causal_allowed(tgt.size(1), tgt.size(1), device=tgt.device)  # True = masked
-        x = self.core(
-            self.embed(src), self.embed(tgt), tgt_mask=causal, src_key_padding_mask=src_pad,
-            tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad, tgt_is_causal=True,
-        )  # fmt: skip
-        return self.output(x)
 
 
 def make_batches(n: int, sentences: int, vocab: int, device: torch.device, seed: int = 0):
@@ -72,17 +41,6 @@ def make_batches(n: int, sentences: int, vocab: int, device: torch.device, seed:
             tgt[i, 1 : tgt_len[i] + 1] = torch.randint(4, vocab, (int(tgt_len[i]),), generator=g)
         batches.append((src.to(device), tgt[:, :-1].to(device), tgt[:, 1:].to(device)))
     return batches
-
-
-def train_step(model, opt, batch, autocast) -> int:
-    src, tgt_in, labels = batch
-    with autocast():
-        logits = model(src, tgt_in)
-        loss = F.cross_entropy(logits.flatten(0, 1).float(), labels.flatten(), ignore_index=PAD)
-    opt.zero_grad(set_to_none=True)
-    loss.backward()
-    opt.step()
-    return int(labels.ne(PAD).sum())
 
 
 def main() -> None:
@@ -117,23 +75,17 @@ def main() -> None:
     for name, model in models.items():
         model.to(device).train()
         opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4)
-    if args.dtype == "bf16":
-
-        def autocast():
-            return torch.autocast(device.type, dtype=torch.bfloat16)
-    else:
-        autocast = nullcontext
+    autocast = autocast_factory(device, args.dtype)
 
     batches = make_batches(args.warmup + args.steps, args.sentences, args.vocab, device)
     rates: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):
+        tokens = int(batch[2].ne(PAD).sum())
         for name, model in models.items():  # alternate on the same batch
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            synchronize(device)
             start = time.perf_counter()
-            tokens = train_step(model, opts[name], batch, autocast)
-            if device.type == "cuda":
-                torch.cuda.synchronize()
+            train_step(model, opts[name], batch, autocast)
+            synchronize(device)
             if i >= args.warmup:
                 rates[name].append(tokens / (time.perf_counter() - start))
 

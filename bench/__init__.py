@@ -1,0 +1,1 @@
+"""Speed scripts; results in BENCHMARKS.md. Shared pieces live in bench/common.py."""

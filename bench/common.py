@@ -1,0 +1,120 @@
+"""Pieces the speed scripts share: the peer models built to our sizes, one training step."""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Callable
+from contextlib import AbstractContextManager, nullcontext
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from transformer import TransformerConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.embedding import TransformerEmbedding
+from transformer.masks import causal_allowed
+
+Batch = tuple[Tensor, Tensor, Tensor]  # right-padded source, decoder input, labels
+
+
+class TorchTransformer(nn.Module):
+    """torch.nn.Transformer with our embeddings and tied output projection around it."""
+
+    def __init__(self, cfg: TransformerConfig, tgt_pad_mask: bool = True) -> None:
+        super().__init__()
+        self.pad_id = cfg.pad_id
+        self.tgt_pad_mask = tgt_pad_mask  # without it, causality alone guards right-padded targets
+        emb = nn.Embedding(cfg.tgt_vocab_size, cfg.d_model, padding_idx=cfg.pad_id)
+        nn.init.normal_(emb.weight, std=cfg.d_model**-0.5)
+        self.embed = TransformerEmbedding(emb, cfg.max_positions, cfg.dropout)
+        with warnings.catch_warnings():  # nested tensors are an inference fast path: not used
+            warnings.filterwarnings("ignore", message="enable_nested_tensor is True")
+            self.core = nn.Transformer(
+                cfg.d_model, cfg.num_heads, cfg.num_encoder_layers, cfg.num_decoder_layers,
+                cfg.d_ff, cfg.dropout, batch_first=True, norm_first=cfg.norm_first,
+            )  # fmt: skip
+        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output.weight = emb.weight
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        src_pad = src.eq(self.pad_id)
+        tgt_pad = tgt.eq(self.pad_id) if self.tgt_pad_mask else None
+        causal = ~causal_allowed(tgt.size(1), tgt.size(1), device=tgt.device)  # True = masked
+        x = self.core(
+            self.embed(src), self.embed(tgt), tgt_mask=causal, src_key_padding_mask=src_pad,
+            tgt_key_padding_mask=tgt_pad, memory_key_padding_mask=src_pad, tgt_is_causal=True,
+        )  # fmt: skip
+        return self.output(x)
+
+
+def marian(cfg: TransformerConfig) -> nn.Module:
+    """Hugging Face MarianMTModel of our sizes, random weights (needs the `bench` extra).
+
+    Marian's own architecture otherwise: post-norm layers, embeddings scaled by sqrt(d_model)
+    (``scale_embedding``), sinusoidal positions, one embedding shared by encoder, decoder and
+    output projection, plus a (zero, frozen) ``final_logits_bias``.
+    """
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(
+        vocab_size=cfg.tgt_vocab_size, d_model=cfg.d_model, encoder_layers=cfg.num_encoder_layers,
+        decoder_layers=cfg.num_decoder_layers, encoder_attention_heads=cfg.num_heads,
+        decoder_attention_heads=cfg.num_heads, encoder_ffn_dim=cfg.d_ff,
+        decoder_ffn_dim=cfg.d_ff, activation_function=cfg.activation, dropout=cfg.dropout,
+        attention_dropout=cfg.attention_dropout, activation_dropout=cfg.activation_dropout,
+        max_position_embeddings=cfg.max_positions, pad_token_id=PAD_ID, eos_token_id=EOS_ID,
+        decoder_start_token_id=BOS_ID, forced_eos_token_id=EOS_ID, scale_embedding=True,
+        share_encoder_decoder_embeddings=True, tie_word_embeddings=True,
+    )  # fmt: skip
+    return MarianMTModel(config)
+
+
+class MarianLogits(nn.Module):
+    """MarianMTModel behind our interface: (src, tgt) -> logits (B, T, V)."""
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        self.hf = marian(cfg)
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        # No decoder_attention_mask: causality alone guards right-padded targets, as in ours.
+        out = self.hf(
+            input_ids=src, attention_mask=src.ne(PAD_ID), decoder_input_ids=tgt, use_cache=False
+        )
+        return out.logits
+
+
+def autocast_factory(
+    device: torch.device, dtype: str
+) -> Callable[[], AbstractContextManager[object]]:
+    """A context factory: bf16 autocast (mixed precision) for "bf16", nothing for "fp32"."""
+    if dtype == "bf16":
+        return lambda: torch.autocast(device.type, dtype=torch.bfloat16)
+    return nullcontext
+
+
+def train_step(
+    model: nn.Module,
+    opt: torch.optim.Optimizer,
+    batch: Batch,
+    autocast: Callable[[], AbstractContextManager[object]],
+    label_smoothing: float = 0.0,
+) -> Tensor:
+    """Forward, cross entropy (mean over non-pad labels) in fp32, backward, optimizer step."""
+    src, tgt_in, labels = batch
+    with autocast():
+        logits = model(src, tgt_in)
+        loss = F.cross_entropy(
+            logits.flatten(0, 1).float(), labels.flatten(), ignore_index=PAD_ID,
+            label_smoothing=label_smoothing,
+        )  # fmt: skip
+    loss.backward()
+    opt.step()
+    opt.zero_grad(set_to_none=True)  # no gradients held between steps (or by another model)
+    return loss.detach()
+
+
+def synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
