@@ -71,10 +71,19 @@ def test_default_is_multi30k_en_de_with_wandb(tmp_path):
     cfg = compose_cfg([], tmp_path)
     assert cfg.experiment_name == "multi30k_en_de"
     assert (cfg.data.source, cfg.data.src_lang, cfg.data.tgt_lang) == ("multi30k", "en", "de")
-    assert (cfg.model.d_model, cfg.model.num_heads) == (256, 4)
-    assert "wandb" in cfg.logger
+    assert (cfg.model.d_model, cfg.model.num_heads, cfg.model.d_ff) == (128, 4, 256)
+    assert "wandb" in cfg.logger and cfg.callbacks.epoch_checkpoints.save_top_k == 10
     base = compose_cfg(["model=base"], tmp_path).model
     assert (base.d_model, base.num_heads, base.num_encoder_layers, base.d_ff) == (512, 8, 6, 2048)
+
+
+def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
+    gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
+    assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
+    assert cpu.model == gpu.model and cpu.data == gpu.data and cpu.callbacks == gpu.callbacks
+    other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
+    assert other.experiment_name == "multi30k_de_en_cpu"
+    assert list(other.tags) == ["multi30k", "de-en"]
 
 
 def test_misspelt_option_is_named():
@@ -136,6 +145,20 @@ def test_short_training_lowers_validation_loss(corpus, tmp_path, caplog):
     assert {"train/ppl", "lr", "train/tokens_per_sec", "val/ppl", "val/bleu"} <= set(metrics)
     ckpts = {p.name for p in (tmp_path / "checkpoints").iterdir()}
     assert "last.ckpt" in ckpts and any(n.startswith("best-") for n in ckpts)
+
+
+def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
+    """The Multi30k experiments' epoch checkpoints: the weights of the most recent N epochs."""
+    overrides = [
+        *tiny_overrides(corpus),  # command-line choices win over the experiment's
+        "experiment=multi30k_en_de",
+        "trainer.max_epochs=4",
+        "callbacks.epoch_checkpoints.save_top_k=2",
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    steps_per_epoch = int(re.search(r"step(\d+)", kept[0]).group(1)) // 3
+    assert kept == [f"epoch00{e}-step{(e + 1) * steps_per_epoch}.ckpt" for e in (2, 3)]
 
 
 @pytest.mark.parametrize("accumulate, total, first", [(1, 20, 10), (2, 10, 5)])
