@@ -158,9 +158,11 @@ class MultiheadAttention(nn.Module):
             out, weights = explicit_attention(q, k, v, allowed, dropout_p)
         else:
             weights = None
-            # A causal square block with no padding takes the kernels' fast causal path; one new
-            # query after the cache may see every key, so it needs no mask at all.
-            fast_causal = causal and key_padding_mask is None and offset == 0 and Tq == Tk
+            # A causal square block with no padding takes the kernels' fast causal path (square:
+            # self-attention has Tk = offset + Tq, a test on plain ints that torch.compile's
+            # symbolic sizes keep a bool); one new query after the cache may see every key, so it
+            # needs no mask at all.
+            fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
             needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
             allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
             out = F.scaled_dot_product_attention(

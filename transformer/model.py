@@ -80,8 +80,11 @@ class Transformer(nn.Module):
         memory_pad_mask: Tensor | None = None,
         cache: DecoderCache | None = None,
         attention: AttentionMaps | None = None,
+        return_hidden: bool = False,
     ) -> Tensor:
-        """Decoder input ids (B, T) -> logits (B, T, V).
+        """Decoder input ids (B, T) -> logits (B, T, V), or with ``return_hidden`` the final
+        decoder states (B, T, D) that :attr:`output` projects to logits (training projects only
+        the non-pad positions).
 
         Without a cache: ``tgt`` is the whole (right-padded) decoder input and ``memory`` the
         encoder output. With a cache from :meth:`init_cache`: ``tgt`` holds only the new steps,
@@ -94,7 +97,7 @@ class Transformer(nn.Module):
         x = self.decoder(
             self.tgt_embed(tgt, offset), memory, memory_pad_mask, cache, self_w, cross_w
         )  # (B, T, D)
-        return self.output(x)  # (B, T, V)
+        return x if return_hidden else self.output(x)  # (B, T, V)
 
     def forward(
         self,
@@ -102,12 +105,16 @@ class Transformer(nn.Module):
         tgt: Tensor,
         src_pad_mask: Tensor | None = None,
         attention: AttentionMaps | None = None,
+        return_hidden: bool = False,
     ) -> Tensor:
-        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T)."""
+        """Teacher-forced logits (B, T, V) for source ids (B, S) and decoder input ids (B, T);
+        with ``return_hidden`` the decoder states (B, T, D) before the output projection."""
         if src_pad_mask is None:
             src_pad_mask = padding_mask(src, self.cfg.pad_id)
         memory = self.encode(src, src_pad_mask, attention)
-        return self.decode(tgt, memory, src_pad_mask, attention=attention)
+        return self.decode(
+            tgt, memory, src_pad_mask, attention=attention, return_hidden=return_hidden
+        )
 
     def attention_modules(self, kind: str) -> list[MultiheadAttention]:
         """The attention modules of one type (see ``ATTENTION_TYPES``), one per layer."""
