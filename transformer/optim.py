@@ -37,12 +37,15 @@ def build_optimizer(
 ) -> Optimizer:
     """``optimizer`` is a partial (from Hydra's ``_partial_: true``) taking parameter groups.
 
-    AdamW's fused kernel is used when the parameters live on a GPU and this torch has it.
+    ``fused=None`` (the config's ``null``, or no ``fused`` at all) means the fused kernel when
+    the parameters live on a CUDA GPU, torch's default (foreach) elsewhere; ``True`` or ``False``
+    is passed on as it is.
     """
     kwargs: dict[str, Any] = {}
-    on_gpu = any(p.is_cuda for p in model.parameters())
     target = getattr(optimizer, "func", optimizer)
-    if on_gpu and "fused" in inspect.signature(target).parameters:
+    unset = getattr(optimizer, "keywords", {}).get("fused") is None
+    on_cuda = all(p.is_cuda for p in model.parameters())
+    if unset and on_cuda and "fused" in inspect.signature(target).parameters:
         kwargs["fused"] = True
     return optimizer(param_groups(model, weight_decay), **kwargs)
 
