@@ -10,13 +10,16 @@ import os
 import re
 import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 import pytest
+import torch
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
+from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.training import ConfigError, model_config, train, validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -106,6 +109,7 @@ def test_misspelt_option_is_named():
         ("data.tgt_lang=en", "data.src_lang and data.tgt_lang"),
         ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
         ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
+        ("compile=maybe", "compile must be true or false"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):
@@ -159,6 +163,27 @@ def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
     kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
     steps_per_epoch = int(re.search(r"step(\d+)", kept[0]).group(1)) // 3
     assert kept == [f"epoch00{e}-step{(e + 1) * steps_per_epoch}.ckpt" for e in (2, 3)]
+
+
+def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(
+    corpus, tmp_path, monkeypatch
+):
+    # aot_eager traces what inductor compiles, in seconds (inductor: tests/test_train_units.py)
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="aot_eager"))
+    torch._dynamo.reset()
+    overrides = [
+        *tiny_overrides(corpus),
+        "compile=true",
+        "data.pad_to_multiple=8",
+        "trainer.max_steps=3",
+        "trainer.val_check_interval=3",
+        "trainer.check_val_every_n_epoch=null",
+    ]
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 3 and ckpt["hyper_parameters"]["compile_model"]
+    model_from_checkpoint(ckpt)  # strict: the weights kept their names
 
 
 @pytest.mark.parametrize("accumulate, total, first", [(1, 20, 10), (2, 10, 5)])

@@ -3,14 +3,20 @@
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from functools import partial
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
+from transformer.checkpoints import model_from_checkpoint
 from transformer.config import TransformerConfig
-from transformer.lit_module import label_smoothed_loss
+from transformer.data.collate import Batch, Collator
+from transformer.lit_module import TranslationModule, label_smoothed_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.optim import (
@@ -20,13 +26,22 @@ from transformer.optim import (
     warmup_inverse_sqrt,
 )
 
+TINY = dict(
+    src_vocab_size=20, tgt_vocab_size=20, d_model=32, num_heads=4, num_encoder_layers=2,
+    num_decoder_layers=2, d_ff=64, dropout=0.0,
+)  # fmt: skip
+
 
 def tiny_model(**kw) -> Transformer:
-    base = dict(
-        src_vocab_size=20, tgt_vocab_size=20, d_model=32, num_heads=4, num_encoder_layers=2,
-        num_decoder_layers=2, d_ff=64, dropout=0.0,
-    )  # fmt: skip
-    return Transformer(TransformerConfig(**{**base, **kw}))
+    return Transformer(TransformerConfig(**{**TINY, **kw}))
+
+
+def padded_batch(lengths: list[tuple[int, int]], seed: int = 0) -> Batch:
+    """A collated batch of random pairs with these (source, target) lengths: right-padded."""
+    rng = np.random.default_rng(seed)
+    return Collator()(
+        [(i, rng.integers(4, 20, s), rng.integers(4, 20, t)) for i, (s, t) in enumerate(lengths)]
+    )
 
 
 def test_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():
@@ -71,7 +86,7 @@ def test_label_smoothed_loss_matches_torch_and_ignores_padding():
         logits.view(-1, 11), labels.view(-1), ignore_index=0, label_smoothing=0.1, reduction="sum"
     )
     ref_nll = F.cross_entropy(logits.view(-1, 11), labels.view(-1), ignore_index=0, reduction="sum")
-    assert n == 6
+    assert int(n) == 6
     torch.testing.assert_close(loss, ref)
     torch.testing.assert_close(nll, ref_nll)
 
@@ -85,3 +100,89 @@ def test_scores_and_signatures():
     assert s.chrf_signature.startswith("nrefs:1") and s.num_sentences == 2
     with pytest.raises(ValueError, match="2 hypotheses but 1 references"):
         score_translations(hyps, refs[:1])
+
+
+def test_loss_projects_only_non_pad_positions_and_equals_the_full_logits_loss():
+    module = TranslationModule(TINY, label_smoothing=0.1)
+    batch = padded_batch([(5, 2), (3, 9), (8, 4), (2, 6)])  # 25 labels in (4, 10): 15 are pad
+
+    def loss_and_grads(loss_fn) -> tuple[list[Tensor], list[Tensor]]:
+        module.zero_grad()
+        loss, nll, n = loss_fn()
+        (loss / n).backward()
+        return [loss / n, nll / n, n.float()], [p.grad.clone() for p in module.parameters()]
+
+    def full_logits():  # (B, T, V): what training computed before
+        logits = module(batch.src, batch.tgt_in, batch.src_pad_mask)
+        return label_smoothed_loss(logits, batch.labels, 0.1, pad_id=0)
+
+    projections = []
+    hook = module.model.output.register_forward_hook(lambda m, i, o: projections.append(o.shape))
+    got, got_grads = loss_and_grads(lambda: module._loss(batch))
+    hook.remove()
+    want, want_grads = loss_and_grads(full_logits)
+    assert projections == [(batch.num_tgt_tokens, 20)] and batch.num_tgt_tokens == 25
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)
+
+
+def test_fused_null_means_fused_on_cuda_only():
+    model = tiny_model()
+    adamw = partial(torch.optim.AdamW, lr=1e-3, weight_decay=0.1, fused=None)  # the config's
+    opt = build_optimizer(model, adamw, 0.1)
+    assert not opt.defaults["fused"]  # CPU: torch's default
+    model(torch.tensor([[5, 6, 3]]), torch.tensor([[2, 7]])).sum().backward()
+    opt.step()
+    assert build_optimizer(model, partial(adamw, fused=True), 0.1).defaults["fused"]  # forced
+    if torch.cuda.is_available():
+        assert build_optimizer(model.cuda(), adamw, 0.1).defaults["fused"]
+
+
+@pytest.mark.parametrize(
+    "backend",
+    [
+        "aot_eager",
+        pytest.param(
+            "inductor",
+            marks=pytest.mark.skipif(
+                not os.environ.get("INDUCTOR_TESTS"),
+                reason="inductor compiles C++ for a minute of CPU; set INDUCTOR_TESTS=1",
+            ),
+        ),
+    ],
+)
+def test_compiled_training_matches_eager_and_checkpoints_load_uncompiled(backend, monkeypatch):
+    """A few AdamW steps on batches of changing shapes: torch.compile (dynamic shapes, no
+    recompile per shape) gives the eager losses, and its weights load into an uncompiled model.
+    aot_eager traces the same graphs, forward and backward, as inductor, without generating code."""
+    if backend == "inductor" and shutil.which(os.environ.get("CXX", "g++")) is None:
+        pytest.skip("torch.compile's CPU backend (inductor) needs a C++ compiler; none found")
+    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend=backend))
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cfg = {**TINY, "num_encoder_layers": 1, "num_decoder_layers": 1}  # tracing time is per layer
+    eager = TranslationModule(cfg)
+    compiled = TranslationModule(cfg, compile_model=True)
+    compiled.load_state_dict(eager.state_dict())
+    shapes = [[(5, 2), (3, 9)], [(4, 4), (6, 3), (2, 7)], [(7, 8), (3, 3)]]
+    losses = {}
+    for name, module in (("eager", eager), ("compiled", compiled)):
+        opt = torch.optim.AdamW(module.parameters(), lr=1e-2)
+        losses[name] = []
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            for i, lengths in enumerate(shapes):
+                loss, _, n = module._loss(padded_batch(lengths, seed=i))
+                opt.zero_grad()
+                (loss / n).backward()
+                opt.step()
+                losses[name].append((loss / n).item())
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1  # one graph, 3 shapes
+    assert losses["compiled"] == pytest.approx(losses["eager"], abs=1e-4)
+    state = compiled.state_dict()
+    assert state.keys() == eager.state_dict().keys()
+    assert not any("_orig_mod" in k for k in state)
+    ckpt = {"state_dict": state, "hyper_parameters": {"model": compiled.cfg.to_dict()}}
+    model = model_from_checkpoint(ckpt)  # strict load into a plain Transformer
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(value, state[f"model.{name}"], rtol=0, atol=0)

@@ -48,7 +48,7 @@ class LastCheckpoint(Callback):
             trainer.fast_dev_run
             or trainer.sanity_checking
             or trainer.global_step == self._saved_step
-            or getattr(trainer.lightning_module, "bad_steps_in_a_row", 0)  # keep the last good one
+            or _bad_steps_in_a_row(trainer.lightning_module)  # keep the last good one
         ):
             return
         trainer.save_checkpoint(self.path)
@@ -101,6 +101,12 @@ class LastCheckpoint(Callback):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_handlers()
+
+
+def _bad_steps_in_a_row(module: L.LightningModule) -> int:
+    """The module's current run of NaN/inf steps, counted now (it counts them lazily)."""
+    count = getattr(module, "count_bad_steps", None)
+    return count() if count is not None else 0
 
 
 class BatchIdRecorder(Callback):

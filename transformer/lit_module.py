@@ -28,18 +28,31 @@ log = logging.getLogger(__name__)
 
 def label_smoothed_loss(
     logits: Tensor, labels: Tensor, epsilon: float, pad_id: int
-) -> tuple[Tensor, Tensor, int]:
+) -> tuple[Tensor, Tensor, Tensor]:
     """Summed label-smoothed cross entropy and summed NLL over non-pad labels, and their count.
 
     ``(1 - eps) * nll + eps * mean over the vocabulary of -log p``: torch's ``label_smoothing``
     formula, with the NLL kept apart for perplexity. Computed in fp32 whatever the logits' dtype.
+    Logits (..., V) for labels (...): training passes only the non-pad positions, (N, V) and (N,).
+    The count stays a tensor: reading it would wait for the device.
     """
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (B, T, V)
-    keep = labels.ne(pad_id)
-    nll = -lprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (B, T)
-    smooth = -lprobs.mean(-1)  # (B, T)
-    loss = ((1.0 - epsilon) * nll + epsilon * smooth)[keep].sum()
-    return loss, nll[keep].sum(), int(keep.sum())
+    lprobs = F.log_softmax(logits.float(), dim=-1)  # (..., V)
+    pad = labels.eq(pad_id)  # (...)
+    nll = -lprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (...)
+    smooth = -lprobs.mean(-1)  # (...)
+    loss = ((1.0 - epsilon) * nll + epsilon * smooth).masked_fill(pad, 0.0).sum()
+    return loss, nll.masked_fill(pad, 0.0).sum(), pad.logical_not().sum()
+
+
+def host_scalar(x: float) -> Tensor:
+    """A host number to ``self.log``: Lightning would copy a float to the GPU (a sync); a CPU
+    tensor stays where it is."""
+    return torch.tensor(float(x))
+
+
+def hidden_states(model: Transformer, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor) -> Tensor:
+    """Teacher-forced decoder states (B, T, D): the part of a step that ``torch.compile`` takes."""
+    return model(src, tgt_in, src_pad_mask, return_hidden=True)
 
 
 class TranslationModule(L.LightningModule):
@@ -55,6 +68,10 @@ class TranslationModule(L.LightningModule):
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
         max_bad_steps: a step whose loss is NaN or inf is skipped (no update) and counted; this
             many in a row stop training with :class:`NonFiniteLoss`.
+        compile_model: ``torch.compile`` the model's teacher-forced forward pass (dynamic shapes:
+            token-budget batches of any shape share one graph). Only the training and validation
+            loss use it; decoding and attention capture run the model as it is. The weights keep
+            their names, so checkpoints load into an uncompiled model.
     """
 
     def __init__(
@@ -66,11 +83,17 @@ class TranslationModule(L.LightningModule):
         decoding: dict[str, Any] | None = None,
         val_bleu_sentences: int | None = None,
         max_bad_steps: int = 10,
+        compile_model: bool = False,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.cfg = TransformerConfig(**model)
         self.model = Transformer(self.cfg)
+        # A compiled function, not a compiled module: nothing is registered under a new name
+        # (no ``_orig_mod.`` in the state dict), and it always runs the current ``self.model``.
+        self._hidden_states = (
+            torch.compile(hidden_states, dynamic=True) if compile_model else hidden_states
+        )
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
@@ -88,8 +111,9 @@ class TranslationModule(L.LightningModule):
         self.val_bleu_sentences = val_bleu_sentences
         self.max_bad_steps = max_bad_steps
         self.skipped_steps = 0  # steps skipped for a NaN or inf loss, in the whole run
-        self.bad_steps_in_a_row = 0
-        self._drop_gradients = False
+        self.bad_steps_in_a_row = 0  # both as counted so far: see count_bad_steps
+        self._bad: Tensor | None = None  # this optimizer step's loss was NaN/inf (device bool)
+        self._uncounted: list[tuple[int, Tensor]] = []  # (step, bad) not yet read on the host
         self._last_batch_time: float | None = None
         self._rng_to_restore: dict[str, Any] | None = None
         self._val_sums: Tensor | None = None
@@ -100,9 +124,16 @@ class TranslationModule(L.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         return self.model(src, tgt_in, src_pad_mask)
 
-    def _loss(self, batch) -> tuple[Tensor, Tensor, int]:
-        logits = self(batch.src, batch.tgt_in, batch.src_pad_mask)
-        return label_smoothed_loss(logits, batch.labels, self.label_smoothing, self.cfg.pad_id)
+    def _loss(self, batch) -> tuple[Tensor, Tensor, Tensor]:
+        """Loss sum, NLL sum and count over the N non-pad labels; the output projection runs on
+        those positions only: (N, D) -> (N, V) logits, never (B, T, V)."""
+        hidden = self._hidden_states(self.model, batch.src, batch.tgt_in, batch.src_pad_mask)
+        keep = batch.labels.flatten().ne(self.cfg.pad_id)  # (B*T,)
+        # The collator counted the non-pad labels on the host: a static size, no device sync.
+        idx = keep.nonzero_static(size=batch.num_tgt_tokens).squeeze(1)  # (N,)
+        logits = self.model.output(hidden.flatten(0, 1).index_select(0, idx))  # (N, V)
+        labels = batch.labels.flatten().index_select(0, idx)  # (N,)
+        return label_smoothed_loss(logits, labels, self.label_smoothing, self.cfg.pad_id)
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self._rng_to_restore is not None:  # first step after a resume: continue the streams
@@ -111,47 +142,75 @@ class TranslationModule(L.LightningModule):
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
         loss_sum, nll_sum, ntok = self._loss(batch)
-        ntok = max(ntok, 1)
+        ntok = ntok.clamp(min=1)
         loss = loss_sum / ntok
+        # Nothing here waits for the device: a NaN/inf loss is only flagged, and every rank still
+        # runs backward (DDP's all-reduce needs every rank); on_before_optimizer_step skips.
+        bad = ~torch.isfinite(loss)
+        self._bad = bad if self._bad is None else self._bad | bad  # any accumulated micro-batch
         now = time.perf_counter()
         bsz = len(batch.labels)
-        # All ranks skip together; each still runs backward (DDP's all-reduce needs every rank),
-        # and on_before_optimizer_step drops the gradients.
-        if not self.trainer.strategy.reduce_boolean_decision(bool(torch.isfinite(loss)), all=True):
-            self._skip_step(loss, bsz)
-            return loss
-        self.bad_steps_in_a_row = 0
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
         self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
-        self.log("lr", self.optimizers().param_groups[0]["lr"], prog_bar=True, batch_size=bsz)
+        lr = host_scalar(self.optimizers().param_groups[0]["lr"])
+        self.log("lr", lr, prog_bar=True, batch_size=bsz)
         if self._last_batch_time is not None:
             tps = batch.num_tgt_tokens * self.trainer.world_size / (now - self._last_batch_time)
-            self.log("train/tokens_per_sec", tps, prog_bar=True, batch_size=bsz)
+            self.log("train/tokens_per_sec", host_scalar(tps), prog_bar=True, batch_size=bsz)
         self._last_batch_time = now
         return loss
 
-    def _skip_step(self, loss: Tensor, bsz: int) -> None:
-        """Count a non-finite loss; its optimizer step will make no update."""
-        self._drop_gradients = True
-        self.skipped_steps += 1
-        self.bad_steps_in_a_row += 1
-        self.log("train/skipped_steps", float(self.skipped_steps), batch_size=bsz)
-        log.warning(
-            "step %d: loss is %s, step skipped (%d in a row, %d in all)",
-            self.global_step, loss.item(), self.bad_steps_in_a_row, self.skipped_steps,
-        )  # fmt: skip
-        if self.bad_steps_in_a_row >= self.max_bad_steps:
-            raise NonFiniteLoss(
-                f"the loss was NaN or inf for {self.bad_steps_in_a_row} steps in a row, the last "
-                f"at step {self.global_step}; training stopped. No checkpoint was written since "
-                "the last finite loss; lower optim.optimizer.lr, or raise loss.max_bad_steps"
-            )
-
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        if self._drop_gradients:
-            self._drop_gradients = False
-            if self.trainer.precision != "16-mixed":  # fp16's GradScaler skips such steps itself
-                optimizer.zero_grad(set_to_none=True)  # no gradients: the optimizer changes nothing
+        """Skip the update of a step whose loss was NaN or inf, on every rank.
+
+        A fused optimizer (AdamW ``fused=True``, the default on CUDA) skips on the device: its
+        kernel reads ``found_inf``, the flag GradScaler uses, and the flags are read on the host
+        (one sync) only at logging steps and checkpoints. Any other optimizer needs the decision
+        on the host, one sync per step, to drop the gradients; fp16's GradScaler skips by itself.
+        """
+        bad, self._bad = self._bad, None
+        if self.trainer.world_size > 1:  # a NaN on one rank skips the step on all of them
+            bad = bad.int()
+            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
+            bad = bad.bool()
+        self._uncounted.append((self.global_step, bad))
+        fp16 = self.trainer.precision == "16-mixed"
+        on_device = getattr(optimizer, "_step_supports_amp_scaling", False)  # reads found_inf
+        if not (fp16 or on_device) or self.global_step % self.trainer.log_every_n_steps == 0:
+            self.count_bad_steps()
+        self.log("train/skipped_steps", host_scalar(self.skipped_steps))
+        if fp16:
+            return
+        if on_device:
+            optimizer.found_inf = bad.float()  # 1: the fused kernel changes nothing
+        elif self.bad_steps_in_a_row:
+            optimizer.zero_grad(set_to_none=True)  # no gradients: the optimizer changes nothing
+
+    def count_bad_steps(self) -> int:
+        """Read the pending NaN/inf flags on the host (one sync), update ``skipped_steps`` and
+        ``bad_steps_in_a_row`` and return the latter; raise :class:`NonFiniteLoss` once
+        ``max_bad_steps`` in a row were skipped. Called before every checkpoint is written."""
+        if not self._uncounted:
+            return self.bad_steps_in_a_row
+        steps, flags = zip(*self._uncounted, strict=True)
+        self._uncounted = []
+        for step, bad in zip(steps, torch.stack(flags).tolist(), strict=True):
+            if not bad:
+                self.bad_steps_in_a_row = 0
+                continue
+            self.skipped_steps += 1
+            self.bad_steps_in_a_row += 1
+            log.warning(
+                "step %d: loss is NaN or inf, step skipped (%d in a row, %d in all)",
+                step, self.bad_steps_in_a_row, self.skipped_steps,
+            )  # fmt: skip
+            if self.bad_steps_in_a_row >= self.max_bad_steps:
+                raise NonFiniteLoss(
+                    f"the loss was NaN or inf for {self.bad_steps_in_a_row} steps in a row, the "
+                    f"last at step {step}; training stopped. No checkpoint was written since the "
+                    "last finite loss; lower optim.optimizer.lr, or raise loss.max_bad_steps"
+                )
+        return self.bad_steps_in_a_row
 
     def on_train_epoch_start(self) -> None:
         self._last_batch_time = None
@@ -183,9 +242,7 @@ class TranslationModule(L.LightningModule):
 
     def validation_step(self, batch, batch_idx: int) -> None:
         loss_sum, nll_sum, ntok = self._loss(batch)
-        self._val_sums += torch.stack(
-            [loss_sum.double(), nll_sum.double(), torch.tensor(ntok, device=self.device).double()]
-        )
+        self._val_sums += torch.stack([loss_sum.double(), nll_sum.double(), ntok.double()])
         if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
             return
         keep = torch.ones_like(batch.ids, dtype=torch.bool)
@@ -239,6 +296,7 @@ class TranslationModule(L.LightningModule):
     # -- checkpoints -------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.count_bad_steps()  # an up-to-date count; a too long bad streak stops here, unwritten
         checkpoint["rng_states"] = get_rng_states()
         checkpoint["skipped_steps"] = self.skipped_steps
         dm = getattr(self.trainer, "datamodule", None)

@@ -121,6 +121,8 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
             f"validation.bleu_sentences=0 turns val/bleu off, but {monitored[0]} needs it; "
             "drop that checkpoint with ~callbacks.best_checkpoint, or keep some BLEU sentences"
         )
+    if not isinstance(cfg.get("compile", False), bool):
+        raise ConfigError(f"compile must be true or false, got {cfg.compile!r}")
     tr = cfg.trainer
     if str(tr.get("precision", "auto")) not in PRECISIONS:
         raise ConfigError(f"trainer.precision={tr.precision!r}; choose one of {PRECISIONS}")
@@ -255,6 +257,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
         max_bad_steps=int(cfg.loss.max_bad_steps),
+        compile_model=cfg.get("compile", False),
     )
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
 
