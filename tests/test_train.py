@@ -101,7 +101,7 @@ def test_misspelt_option_is_named():
 @pytest.mark.parametrize(
     "override, message",
     [
-        ("model.num_heads=3", "num_heads=3 does not divide d_model=256"),
+        ("model.num_heads=3", "num_heads=3 does not divide d_model=128"),  # model=mini
         ("model.dropout=1.5", "dropout must be in"),
         ("optim.optimizer.lr=-1", "optim.optimizer.lr must be positive"),
         ("trainer.precision=fp8", "trainer.precision"),
