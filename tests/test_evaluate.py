@@ -97,7 +97,7 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
 
 
 def test_glob_matching_nothing_is_refused(tmp_path) -> None:
-    with pytest.raises(FileNotFoundError, match=r"ckpt_path=.*nothing/\*.ckpt matches no file"):
+    with pytest.raises(CheckpointError, match=r"ckpt_path=.*nothing/\*.ckpt matches no file"):
         evaluate(eval_cfg([f"ckpt_path='{tmp_path}/nothing/*.ckpt'"], tmp_path / "out"))
 
 

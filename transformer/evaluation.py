@@ -19,6 +19,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformer.analysis.evaluation import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
+    CheckpointError,
     average_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
@@ -47,7 +48,7 @@ def checkpoint_paths(ckpt_path: Any) -> list[str]:
         if glob.has_magic(entry):
             matches = sorted(glob.glob(entry))
             if not matches:
-                raise FileNotFoundError(f"ckpt_path={entry} matches no file")
+                raise CheckpointError(f"ckpt_path={entry} matches no file")
             paths += matches
         else:
             paths.append(entry)
