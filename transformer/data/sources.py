@@ -12,10 +12,14 @@ import gzip
 import json
 import logging
 import os
+import shutil
 import urllib.request
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+from transformer.atomic import atomic_write
 
 log = logging.getLogger(__name__)
 
@@ -149,15 +153,12 @@ class Multi30kSource(CorpusSource):
         self.root.mkdir(parents=True, exist_ok=True)
         for path in missing:
             url = f"{MULTI30K_URL}/{path.name}"
-            tmp = path.with_name(f".{path.name}.{os.getpid()}.part")
             log.info("downloading %s", url)
             try:
                 with urllib.request.urlopen(url, timeout=DOWNLOAD_TIMEOUT_S) as r:
-                    tmp.write_bytes(r.read())
+                    atomic_write(path, partial(shutil.copyfileobj, r))
             except OSError as err:  # URLError, HTTPError, timeouts are all OSErrors
-                tmp.unlink(missing_ok=True)
                 raise DataError(f"could not download {url} ({err}). {hint}") from err
-            os.replace(tmp, path)
 
     def _paths(self, split: str) -> tuple[Path, Path]:
         paths = self.path(split, self.src_lang), self.path(split, self.tgt_lang)
