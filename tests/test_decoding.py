@@ -23,7 +23,7 @@ class ScriptedCache:
     def expand_beams(self, k: int) -> None:
         self.prefixes = [p for p in self.prefixes for _ in range(k)]
 
-    def reorder(self, index: torch.Tensor) -> None:
+    def reorder(self, index: torch.Tensor, sentences: torch.Tensor | None = None) -> None:
         self.prefixes = [self.prefixes[i] for i in index.tolist()]
 
 

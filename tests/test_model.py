@@ -111,6 +111,26 @@ def test_beams_share_one_copy_of_the_cross_attention_cache() -> None:
         cache.expand_beams(2)
 
 
+def test_beams_after_a_first_step_and_a_sentence_leaving_the_batch() -> None:
+    # Beam search's path: one row per sentence for the first step, then 2 beams each; later the
+    # middle sentence is done and leaves, its rows and its cross-attention keys/values with it.
+    model = tiny(num_kv_heads=2)
+    src = torch.cat([tokens(3, 5), torch.full((3, 3), PAD)], 1)
+    src[1, 5:] = tokens(3)
+    tgt = tokens(6, 5)  # 2 beams for each of the 3 sentences, the same first token
+    tgt[1::2, 0] = tgt[::2, 0]
+    cache = model.init_cache(model.encode(src), src.eq(PAD))
+    model.decode(tgt[::2, :1], cache=cache)
+    cache.expand_beams(2)
+    model.decode(tgt[:, 1:2], cache=cache)
+    rows, sentences = torch.tensor([1, 1, 4, 5]), torch.tensor([0, 2])
+    cache.reorder(rows, sentences)
+    steps = [model.decode(tgt[rows, t : t + 1], cache=cache) for t in range(2, 5)]
+    recomputed = model(src[[0, 0, 2, 2]], tgt[rows])
+    torch.testing.assert_close(torch.cat(steps, 1), recomputed[:, 2:], atol=1e-5, rtol=1e-5)
+    assert cache.cross_attn[0].k.size(0) == 2 and cache.memory_pad_mask.size(0) == 2
+
+
 def test_attention_maps_capture_every_layer_and_head() -> None:
     model = tiny()
     src = torch.cat([tokens(2, 5), torch.full((2, 2), PAD)], 1)

@@ -1,9 +1,8 @@
 """Key/value caches for incremental decoding.
 
 A :class:`KVCache` belongs to one attention module. Self-attention appends the new step's keys and
-values; cross-attention fills it once from the encoder output and then only reads it. Every tensor
-in a cache has the batch (times beam) axis first, so one ``reorder(index)`` contract serves beam
-search: ``index_select`` along axis 0.
+values; cross-attention fills it once from the encoder output and then only reads it. One
+``reorder(index)`` contract serves beam search: keep batch (times beam) rows ``index``.
 """
 
 from __future__ import annotations
@@ -14,28 +13,67 @@ import torch
 from torch import Tensor
 
 
-@dataclass
 class KVCache:
-    """Keys and values of one attention module, each (B, Hkv, T, Dh); empty until first use."""
+    """Keys and values of one attention module, read as ``k`` and ``v``, each (B, Hkv, T, Dh).
 
-    k: Tensor | None = None
-    v: Tensor | None = None
+    Both live in one time-major buffer, (capacity, 2, B, Hkv, Dh), with room for more steps:
+    ``append`` writes only the new steps (doubling the buffer when it is full), and ``reorder``
+    copies the cached steps once, into a spare buffer that then takes the first one's place.
+    (Concatenating on every append and selecting into a fresh tensor on every reorder copied the
+    whole cache twice a step, and made beam search memory-bound: BENCHMARKS.md.) ``k`` and ``v``
+    are strided views of the buffer, valid until the next ``append`` or ``reorder``.
+
+    Meant for incremental decoding under ``torch.no_grad()``: with gradients on, the in-place writes
+    leave backward an error about modified tensors rather than wrong gradients.
+    """
+
+    def __init__(self, k: Tensor | None = None, v: Tensor | None = None) -> None:
+        self.length = 0
+        self._buf: Tensor | None = None  # (capacity, 2, B, Hkv, Dh)
+        self._spare: Tensor | None = None  # the same shape: reorder's destination
+        if k is not None and v is not None:
+            self.append(k, v)
 
     @property
-    def length(self) -> int:
-        return 0 if self.k is None else self.k.size(2)
+    def k(self) -> Tensor | None:
+        return None if self._buf is None else self._buf[: self.length, 0].permute(1, 2, 0, 3)
+
+    @property
+    def batch_size(self) -> int:
+        return 0 if self._buf is None else self._buf.size(2)
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._buf is None else self._buf[: self.length, 1].permute(1, 2, 0, 3)
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new steps' (B, Hkv, t, Dh) keys and values; return all cached so far."""
-        self.k = k if self.k is None else torch.cat([self.k, k], dim=2)
-        self.v = v if self.v is None else torch.cat([self.v, v], dim=2)
+        n, t = self.length, k.size(2)
+        if self._buf is None or n + t > self._buf.size(0):
+            capacity = 2 * (n + t) if n else max(t, 16)  # one step at a time: room to grow
+            buf = k.new_empty(capacity, 2, *k.shape[:2], k.size(3))
+            if self._buf is not None:
+                buf[:n] = self._buf[:n]
+            self._buf, self._spare = buf, None
+        self._buf[n : n + t, 0] = k.permute(2, 0, 1, 3)
+        self._buf[n : n + t, 1] = v.permute(2, 0, 1, 3)
+        self.length = n + t
         return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
         """Keep batch rows ``index`` (B',), in that order: beam search's survivors."""
-        if self.k is not None:
-            self.k = self.k.index_select(0, index)
-            self.v = self.v.index_select(0, index)
+        if self._buf is None:
+            return
+        n = self.length
+        if self._buf.requires_grad:  # out= records no gradients: select into a new buffer
+            self._buf, self._spare = self._buf[:n].index_select(2, index), None
+            return
+        if self._spare is None or self._spare.size(2) != index.size(0):
+            shape = list(self._buf.shape)
+            shape[2] = index.size(0)
+            self._spare = self._buf.new_empty(shape)
+        torch.index_select(self._buf[:n], 2, index, out=self._spare[:n])
+        self._buf, self._spare = self._spare, self._buf
 
 
 @dataclass
@@ -46,10 +84,11 @@ class DecoderCache:
     cache (the encoder output's keys and values, computed once). With a cache the decoder needs no
     encoder output: the source padding mask lives here too, so ``reorder`` keeps them in step.
 
-    Beam search calls ``expand_beams(k)``: each source row then serves ``k`` consecutive decoder
-    rows, and the cross-attention keys/values stay at one copy per sentence (queries of a
-    sentence's beams attend to it together). From then on ``reorder`` moves decoder rows only, and
-    its index must keep every row within its sentence's block of ``k`` rows, as beam search does.
+    Beam search calls ``expand_beams(k)`` after its first step: each row then becomes ``k``
+    consecutive decoder rows (its beams), and the cross-attention keys/values stay at one copy per
+    sentence (queries of a sentence's beams attend to it together). From then on ``reorder`` keeps
+    every row within its sentence's block of ``k`` rows, as beam search does, and names the
+    sentences it keeps when finished ones leave the batch.
     """
 
     self_attn: list[KVCache]
@@ -71,17 +110,29 @@ class DecoderCache:
         return self.self_attn[0].length
 
     def expand_beams(self, k: int) -> None:
-        """Let each source row serve ``k`` decoder rows (before the first decoding step)."""
-        if self.offset or self.beams != 1:
-            raise ValueError("expand_beams comes once, before the first decoding step")
+        """Let each row become ``k`` consecutive rows, its sentence's beams (once)."""
+        if self.beams != 1:
+            raise ValueError("expand_beams comes once")
+        for cache in self.self_attn:
+            if cache.length:
+                rows = torch.arange(cache.batch_size, device=cache.k.device)
+                cache.reorder(rows.repeat_interleave(k))
         self.beams = k
 
-    def reorder(self, index: Tensor) -> None:
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep decoder rows ``index`` (N',) in that order.
+
+        With one row per sentence the rows are the sentences, and ``sentences`` is ignored. With
+        beams, rows must stay within their sentence's block; ``sentences`` (B',) are the sentences
+        kept, in the order of their blocks in ``index`` (None: all of them, in order).
+        """
         for cache in self.self_attn:
             cache.reorder(index)
-        if self.beams > 1:  # rows stay within their sentence: the per-sentence K/V still apply
+        if self.beams == 1:
+            sentences = index
+        if sentences is None:
             return
         for cache in self.cross_attn:
-            cache.reorder(index)
+            cache.reorder(sentences)
         if self.memory_pad_mask is not None:
-            self.memory_pad_mask = self.memory_pad_mask.index_select(0, index)
+            self.memory_pad_mask = self.memory_pad_mask.index_select(0, sentences)

@@ -4,8 +4,10 @@ The search keeps everything on the device: per sentence, the ``beam_size`` live 
 ``beam_size`` best finished hypotheses, merged with each step's finishers by one ``topk``. Each step
 draws ``2 * beam_size`` candidates, so that however many of them end in eos, ``beam_size`` live ones
 remain (fairseq's rule). A sentence is done when it holds ``beam_size`` finished hypotheses or
-reaches its maximum length, ``max_len_a * source_length + max_len_b`` tokens before eos. The only
-host synchronisation per step is the check whether every sentence is done.
+reaches its maximum length, ``max_len_a * source_length + max_len_b`` tokens before eos; its rows
+then leave the batch (its cache rows too), so the remaining sentences decode alone. The first step
+runs one row per sentence (its K beams would be K copies), the later ones K. The only host
+synchronisation per step is the check whether some sentence is done.
 """
 
 from __future__ import annotations
@@ -74,62 +76,81 @@ def beam_search(
         (~src_pad_mask).sum(1), max_len_a, max_len_b, min_len, model.cfg.max_positions - 1
     )  # (B,) tokens before eos; the decoder reads bos + every token but eos
     L = int(max_len.max()) + 1  # steps, eos included
+    out_scores = torch.full((B, K), float("-inf"), device=device)
+    out_tokens = torch.full((B, K, L), pad_id, device=device)
 
     with evaluating(model):
         stepper = Stepper(model, src, src_pad_mask, use_cache)
-        stepper.expand_beams(K)  # K rows per sentence
-        prefixes = torch.full((B * K, 1), bos_id, device=device)  # (B*K, t + 1)
-        scores = torch.full((B, K), float("-inf"), device=device)
-        scores[:, 0] = 0.0  # one live beam at first, or the K beams would be K copies
+        # The n unfinished sentences, each with k live prefixes (1 at first, then K) in
+        # consecutive rows, and its K best finished hypotheses so far.
+        sentence = torch.arange(B, device=device)  # (n,) their rows in the output
+        prefixes = torch.full((B, 1), bos_id, device=device)  # (n * k, t + 1)
+        scores = torch.zeros(B, 1, device=device)  # (n, k)
         fin_scores = torch.full((B, K), float("-inf"), device=device)
         fin_tokens = torch.full((B, K, L), pad_id, device=device)
-        done = torch.zeros(B, dtype=torch.bool, device=device)
-        row_offset = torch.arange(B, device=device).unsqueeze(1) * K  # (B, 1)
         order = torch.arange(2 * K, device=device)
 
         for t in range(L):  # t tokens generated so far
-            lprobs = stepper.log_probs(prefixes)  # (B*K, V)
+            n, k = scores.shape
+            lprobs = stepper.log_probs(prefixes)  # (n * k, V)
             lprobs[:, [pad_id, bos_id]] = float("-inf")
             if t < min_len:
                 lprobs[:, eos_id] = float("-inf")
             lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], no_repeat_ngram_size)
             V = lprobs.size(-1)
-            lprobs = lprobs.view(B, K, V)
-            last = (t >= max_len).view(B, 1, 1)  # this token must be eos
+            if k * V < 2 * K:
+                raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
+            lprobs = lprobs.view(n, k, V)
+            last = (t >= max_len).view(n, 1, 1)  # this token must be eos
             not_eos = torch.arange(V, device=device) != eos_id
             lprobs = lprobs.masked_fill(last & not_eos, float("-inf"))
 
-            cand_scores, cand = (scores.unsqueeze(-1) + lprobs).view(B, K * V).topk(2 * K, dim=1)
-            cand_beam, cand_tok = cand // V, cand % V  # (B, 2K)
-            history = prefixes.view(B, K, t + 1)[..., 1:].gather(
+            cand_scores, cand = (scores.unsqueeze(-1) + lprobs).view(n, k * V).topk(2 * K, dim=1)
+            cand_beam, cand_tok = cand // V, cand % V  # (n, 2K)
+            history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
-            )  # (B, 2K, t)
-            cand_seq = torch.cat([history, cand_tok.unsqueeze(-1)], dim=-1)  # (B, 2K, t + 1)
+            )  # (n, 2K, t)
+            cand_seq = torch.cat([history, cand_tok.unsqueeze(-1)], dim=-1)  # (n, 2K, t + 1)
 
             # Finish the eos candidates among the top K, merged with the finished so far.
-            is_eos = cand_tok.eq(eos_id) & cand_scores.isfinite()
-            finishing = is_eos[:, :K] & ~done.unsqueeze(1)
+            finishing = cand_tok[:, :K].eq(eos_id) & cand_scores[:, :K].isfinite()
             normalised = cand_scores[:, :K] / (t + 1) ** len_penalty
             fin_scores, pick = torch.cat(
                 [fin_scores, normalised.masked_fill(~finishing, float("-inf"))], dim=1
-            ).topk(K, dim=1)  # (B, K)
+            ).topk(K, dim=1)  # (n, K)
             new_tokens = torch.nn.functional.pad(cand_seq[:, :K], (0, L - t - 1), value=pad_id)
             fin_tokens = torch.cat([fin_tokens, new_tokens], 1).gather(
                 1, pick.unsqueeze(-1).expand(-1, -1, L)
-            )  # (B, K, L)
+            )  # (n, K, L)
 
             # Continue with the best K candidates that did not end in eos.
+            is_eos = cand_tok.eq(eos_id)
             live = torch.where(is_eos, order + 2 * K, order).topk(K, dim=1, largest=False).indices
-            scores = cand_scores.gather(1, live)
-            done = done | fin_scores[:, -1].isfinite() | last.view(B)
-            scores = scores.masked_fill(done.unsqueeze(1), float("-inf"))
-            rows = (row_offset + cand_beam.gather(1, live)).view(-1)  # (B*K,)
-            stepper.reorder(rows)
-            prefixes = torch.cat([prefixes[rows], cand_tok.gather(1, live).view(-1, 1)], dim=1)
-            if bool(done.all()):
-                break
+            scores = cand_scores.gather(1, live)  # (n, K)
+            rows = k * torch.arange(n, device=device).unsqueeze(1) + cand_beam.gather(1, live)
+            prefixes = torch.cat([prefixes[rows.view(-1)], cand_tok.gather(1, live).view(-1, 1)], 1)
+            if k == 1:  # the first step: each sentence's row becomes its K beams' rows
+                stepper.expand_beams(K)
+                rows = torch.arange(n * K, device=device).view(n, K)
 
-    return _hypotheses(fin_scores[:, :nbest].cpu(), fin_tokens[:, :nbest].cpu(), eos_id)
+            # A sentence with K finished hypotheses, or at its length limit, is done: its
+            # hypotheses go to the output and its rows leave the batch.
+            done = fin_scores[:, -1].isfinite() | last.view(n)  # (n,)
+            if not bool(done.any()):  # the one host synchronisation of a step
+                if k > 1:
+                    stepper.reorder(rows.view(-1))
+                continue
+            out_scores[sentence[done]] = fin_scores[done]
+            out_tokens[sentence[done]] = fin_tokens[done]
+            keep = (~done).nonzero().squeeze(1)  # (n',)
+            if keep.numel() == 0:
+                break
+            stepper.reorder(rows[keep].view(-1), sentences=keep)
+            sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
+            fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+            prefixes = prefixes.view(n, K, t + 2)[keep].view(-1, t + 2)
+
+    return _hypotheses(out_scores[:, :nbest].cpu(), out_tokens[:, :nbest].cpu(), eos_id)
 
 
 def _hypotheses(scores: Tensor, tokens: Tensor, eos_id: int) -> list[list[Hypothesis]]:

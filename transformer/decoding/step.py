@@ -43,7 +43,7 @@ class Stepper:
         self.cache = model.init_cache(self.memory, src_pad_mask) if use_cache else None
 
     def expand_beams(self, k: int) -> None:
-        """Make ``k`` rows of every source row, consecutive: beam search's starting point.
+        """Make ``k`` consecutive rows (beams) of every row: beam search after its first step.
 
         Cached, the encoder's keys and values stay at one copy per sentence (see
         ``DecoderCache.expand_beams``); uncached, the encoder output itself is repeated.
@@ -54,10 +54,12 @@ class Stepper:
             rows = torch.arange(self.memory.size(0), device=self.memory.device)
             self.reorder(rows.repeat_interleave(k))
 
-    def reorder(self, index: Tensor) -> None:
-        """Keep rows ``index`` (N',) in that order; rows may repeat (beams of one sentence)."""
+    def reorder(self, index: Tensor, sentences: Tensor | None = None) -> None:
+        """Keep rows ``index`` (N',) in that order; rows may repeat (beams of one sentence).
+        With beams, ``sentences`` (B',) are the sentences kept when some leave (see
+        ``DecoderCache.reorder``)."""
         if self.cache is not None:
-            self.cache.reorder(index)
+            self.cache.reorder(index, sentences)
         else:
             self.memory = self.memory.index_select(0, index)
             self.memory_pad_mask = self.memory_pad_mask.index_select(0, index)
