@@ -13,13 +13,16 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
+import transformer.translate
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
+from transformer.lit_module import TranslationModule
 from transformer.training import ConfigError, model_config, train, validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -110,6 +113,12 @@ def test_misspelt_option_is_named():
         ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
         ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
         ("compile=maybe", "compile must be true or false"),
+        (
+            "validation.decoding.strategy=sample",
+            r"validation\.decoding\.strategy='sample'; choose one of 'greedy' or 'beam'",
+        ),
+        ("validation.decoding.beam_size=0", r"validation\.decoding\.beam_size must be >= 1"),
+        ("+validation.decoding.beam=4", r"unknown option validation\.decoding\.beam;"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):
@@ -149,6 +158,65 @@ def test_short_training_lowers_validation_loss(corpus, tmp_path, caplog):
     assert {"train/ppl", "lr", "train/tokens_per_sec", "val/ppl", "val/bleu"} <= set(metrics)
     ckpts = {p.name for p in (tmp_path / "checkpoints").iterdir()}
     assert "last.ckpt" in ckpts and any(n.startswith("best-") for n in ckpts)
+
+
+@pytest.fixture(scope="module")
+def beam_run(corpus, tmp_path_factory) -> Path:
+    """A short training run whose validation decodes with beam search, two beams."""
+    out = tmp_path_factory.mktemp("beam_run")
+    overrides = [
+        *tiny_overrides(corpus),
+        "trainer.max_steps=80",
+        "trainer.val_check_interval=40",
+        "optim.optimizer.lr=5e-3",  # val/bleu above 0 by step 80
+        "trainer.check_val_every_n_epoch=null",
+        "validation.bleu_sentences=null",
+        "validation.decoding.strategy=beam",
+        "validation.decoding.beam_size=2",
+    ]
+    train(compose_cfg(overrides, out))
+    return out
+
+
+def test_training_with_beam_validation_logs_bleu(beam_run):
+    rows = read_metrics(beam_run)
+    bleu = [float(r["val/bleu"]) for r in rows if r.get("val/bleu")]
+    chrf = [float(r["val/chrf"]) for r in rows if r.get("val/chrf")]
+    assert len(bleu) == len(chrf) == 2 and all(math.isfinite(b) and b >= 0 for b in bleu)
+    assert chrf[-1] > 0
+    hparams = load_checkpoint(beam_run / "checkpoints" / "last.ckpt")["hyper_parameters"]
+    assert hparams["decoding"]["strategy"] == "beam" and hparams["decoding"]["beam_size"] == 2
+
+
+def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run, monkeypatch):
+    """The trained weights validated twice: strategy=beam beam_size=1 runs beam search (not the
+    greedy loop) and decodes every validation sentence as strategy=greedy does."""
+    beams = []
+    search = transformer.translate.beam_search
+    monkeypatch.setattr(
+        transformer.translate,
+        "beam_search",
+        lambda *a, **kw: beams.append(kw["beam_size"]) or search(*a, **kw),
+    )
+    cfg = compose_cfg([*tiny_overrides(corpus), "validation.bleu_sentences=null"])
+    dm = instantiate(cfg.data)
+    state = load_checkpoint(beam_run / "checkpoints" / "last.ckpt")["state_dict"]
+    hyps, bleu = {}, {}
+    for strategy in ("greedy", "beam"):
+        decoding = {"strategy": strategy, "beam_size": 1, "max_len_a": 1.2, "max_len_b": 10}
+        module = TranslationModule(model_config(cfg, dm.pad_id).to_dict(), decoding=decoding)
+        module.load_state_dict(state)
+        trainer = L.Trainer(
+            accelerator="cpu", logger=False, enable_progress_bar=False,
+            enable_model_summary=False, enable_checkpointing=False,
+        )  # fmt: skip
+        bleu[strategy] = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bleu"]
+        hyps[strategy] = module._val_hyps
+        assert len(beams) == (strategy == "beam") * len(dm.val_dataloader())  # every val batch
+    assert beams and set(beams) == {1}
+    assert len(hyps["greedy"]) == 32 and any(hyps["greedy"].values())
+    assert hyps["beam"] == hyps["greedy"]
+    assert bleu["beam"] == bleu["greedy"]
 
 
 def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
@@ -244,6 +312,8 @@ def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
 
 
 def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
+    """Each rank trains on its own batches; validation (beam search here) decodes each rank's
+    shard and scores the gathered whole."""
     env = _script_env(tmp_path)
     ids_dir = tmp_path / "ids"
     cmd = [
@@ -251,6 +321,7 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
         "validation.bleu_sentences=null", "trainer.val_check_interval=4",
         "trainer.check_val_every_n_epoch=null",
+        "validation.decoding.strategy=beam", "validation.decoding.beam_size=2",
         "+callbacks.batch_ids._target_=transformer.callbacks.BatchIdRecorder",
         f"+callbacks.batch_ids.out_dir={ids_dir}", f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
@@ -263,6 +334,8 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         seen.append({i for line in lines for i in json.loads(line)["ids"]})
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    log = (tmp_path / "run" / "train.log").read_text()  # rank 0's
+    assert re.findall(r"val BLEU \S+ on (\d+) sentences", log) == ["32"]  # both ranks' shards
 
 
 @pytest.mark.skipif(

@@ -186,3 +186,17 @@ def test_compiled_training_matches_eager_and_checkpoints_load_uncompiled(backend
     model = model_from_checkpoint(ckpt)  # strict load into a plain Transformer
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, state[f"model.{name}"], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize(
+    "decoding, message",
+    [
+        ({"strategy": "sample"}, r"validation\.decoding\.strategy='sample'; choose one of"),
+        ({"strategy": "beam", "beam_size": 0}, r"validation\.decoding\.beam_size must be >= 1"),
+        ({"len_penalty": "long"}, r"validation\.decoding\.len_penalty must be a number"),
+        ({"max_len_b": -1}, r"validation\.decoding\.max_len_b must be >= 0"),
+    ],
+)
+def test_module_rejects_bad_validation_decoding_naming_the_option(decoding, message):
+    with pytest.raises(ValueError, match=message):
+        TranslationModule(TINY, decoding=decoding)

@@ -6,7 +6,8 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, fields
 from typing import Any
 
 import lightning as L
@@ -16,12 +17,11 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
-from transformer.data.tokenizer import BOS_ID, EOS_ID
-from transformer.decoding import greedy_decode
 from transformer.errors import NonFiniteLoss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.optim import build_optimizer
+from transformer.translate import DecodeOptions, decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -55,6 +55,70 @@ def hidden_states(model: Transformer, src: Tensor, tgt_in: Tensor, src_pad_mask:
     return model(src, tgt_in, src_pad_mask, return_hidden=True)
 
 
+STRATEGIES = ("greedy", "beam")
+
+
+@dataclass(frozen=True)
+class ValidationDecoding:
+    """How validation decodes for ``val/bleu``: the ``validation.decoding`` options, checked here
+    and nowhere else (``train`` checks them through :meth:`from_dict` before any data work).
+
+    ``strategy``: ``greedy`` (the default: cheapest) or ``beam``, beam search with ``beam_size``
+    beams and length penalty ``len_penalty`` (score = log-probability / length ** len_penalty),
+    as ``evaluate.py``'s ``decode`` options; ``beam_size`` and ``len_penalty`` are ignored by
+    greedy. Either way at most ``max_len_a * source_length + max_len_b`` tokens.
+    """
+
+    strategy: str = "greedy"
+    beam_size: int = 5
+    len_penalty: float = 1.0
+    max_len_a: float = 1.2
+    max_len_b: int = 10
+
+    def __post_init__(self) -> None:
+        if self.strategy not in STRATEGIES:
+            raise ValueError(
+                f"validation.decoding.strategy={self.strategy!r}; choose one of "
+                + " or ".join(repr(s) for s in STRATEGIES)
+            )
+        for name, integer, low in (
+            ("beam_size", True, 1),
+            ("len_penalty", False, None),
+            ("max_len_a", False, 0),
+            ("max_len_b", True, 0),
+        ):
+            value = getattr(self, name)
+            kinds = int if integer else (int, float)
+            if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
+                kind = "an integer" if integer else "a number"
+                raise ValueError(f"validation.decoding.{name} must be {kind}, got {value!r}")
+            if low is not None and value < low:
+                raise ValueError(f"validation.decoding.{name} must be >= {low}, got {value}")
+
+    @classmethod
+    def from_dict(cls, options: Mapping[str, Any] | None) -> ValidationDecoding:
+        """From the ``validation.decoding`` mapping; an unknown key is a ValueError naming it."""
+        known = [f.name for f in fields(cls)]
+        for key in options or {}:
+            if key not in known:
+                raise ValueError(
+                    f"unknown option validation.decoding.{key}; known: {', '.join(known)}"
+                )
+        return cls(**(options or {}))
+
+    def options(self) -> DecodeOptions:
+        """The same search as :class:`transformer.translate.DecodeOptions` (one hypothesis)."""
+        beam = self.strategy == "beam"
+        return DecodeOptions(
+            beam_size=self.beam_size if beam else 1,
+            len_penalty=self.len_penalty,
+            max_len_a=self.max_len_a,
+            max_len_b=self.max_len_b,
+            min_len=1,
+            nbest=1,
+        )
+
+
 class TranslationModule(L.LightningModule):
     """A :class:`Transformer` trained on :class:`transformer.data.collate.Batch` batches.
 
@@ -64,7 +128,9 @@ class TranslationModule(L.LightningModule):
             ``weight_decay`` applies to the decay group only.
         scheduler: partial taking the optimizer, returning a per-step LR scheduler.
         label_smoothing: epsilon of the label-smoothed cross entropy.
-        decoding: validation decoding, ``strategy`` (greedy), ``max_len_a``, ``max_len_b``.
+        decoding: validation decoding, the :class:`ValidationDecoding` fields: ``strategy``
+            (``greedy`` or ``beam``), ``beam_size``, ``len_penalty``, ``max_len_a``,
+            ``max_len_b``; missing ones take its defaults, invalid ones raise ValueError.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
         max_bad_steps: a step whose loss is NaN or inf is skipped (no update) and counted; this
             many in a row stop training with :class:`NonFiniteLoss`.
@@ -98,16 +164,7 @@ class TranslationModule(L.LightningModule):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         self.label_smoothing = label_smoothing
-        self.decoding = {
-            "strategy": "greedy",
-            "max_len_a": 1.2,
-            "max_len_b": 10,
-            **(decoding or {}),
-        }
-        if self.decoding["strategy"] != "greedy":
-            raise ValueError(
-                f"decoding.strategy={self.decoding['strategy']!r}: only 'greedy' exists so far"
-            )
+        self.decoding = ValidationDecoding.from_dict(decoding)
         self.val_bleu_sentences = val_bleu_sentences
         self.max_bad_steps = max_bad_steps
         self.skipped_steps = 0  # steps skipped for a NaN or inf loss, in the whole run
@@ -250,18 +307,16 @@ class TranslationModule(L.LightningModule):
             keep = batch.ids < self.val_bleu_sentences
         if not bool(keep.any()):
             return
-        out = greedy_decode(
+        translations = decode_batch(
             self.model,
+            self.trainer.datamodule.tgt_tokenizer,
             batch.src[keep],
-            BOS_ID,
-            EOS_ID,
+            self.decoding.options(),
             batch.src_pad_mask[keep],
-            self.decoding["max_len_a"],
-            self.decoding["max_len_b"],
+            always_beam=self.decoding.strategy == "beam",
         )
-        decode = self.trainer.datamodule.tgt_tokenizer.decode
-        for i, row in zip(batch.ids[keep].tolist(), out.tolist(), strict=True):
-            self._val_hyps[i] = decode(row)
+        for i, best in zip(batch.ids[keep].tolist(), translations, strict=True):
+            self._val_hyps[i] = best[0].text if best else ""
 
     def on_validation_epoch_end(self) -> None:
         sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")

@@ -29,7 +29,7 @@ from transformer.checkpoints import CheckpointError
 from transformer.config import TransformerConfig
 from transformer.data.sources import DataError
 from transformer.errors import TrainingStopped
-from transformer.lit_module import TranslationModule
+from transformer.lit_module import TranslationModule, ValidationDecoding
 
 log = logging.getLogger(__name__)
 
@@ -103,11 +103,10 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     eps = float(cfg.loss.label_smoothing)
     if not 0.0 <= eps < 1.0:
         raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {eps}")
-    dec = cfg.validation.decoding
-    if dec.strategy != "greedy":
-        raise ConfigError(f"validation.decoding.strategy={dec.strategy!r}: only 'greedy' exists")
-    if float(dec.max_len_a) < 0 or int(dec.max_len_b) < 0:
-        raise ConfigError("validation.decoding.max_len_a and max_len_b must be >= 0")
+    try:  # the options' one check, the module's own
+        ValidationDecoding.from_dict(OmegaConf.to_container(cfg.validation.decoding, resolve=True))
+    except (ValueError, TypeError) as err:
+        raise ConfigError(str(err)) from err
     n = cfg.validation.bleu_sentences
     if n is not None and int(n) < 0:
         raise ConfigError(f"validation.bleu_sentences must be >= 0 or null, got {n}")

@@ -70,18 +70,35 @@ class Translator:
         return results
 
     def _decode(self, src: torch.Tensor, options: DecodeOptions) -> list[list[Translation]]:
-        limits = dict(
-            max_len_a=options.max_len_a, max_len_b=options.max_len_b, min_len=options.min_len
-        )
-        if options.beam_size == 1 and options.no_repeat_ngram_size == 0:
-            out = greedy_decode(self.model, src, BOS_ID, EOS_ID, **limits)
-            return [[Translation(self.tgt_tokenizer.decode(row), None)] for row in out.tolist()]
-        hyps = beam_search(
-            self.model, src, bos_id=BOS_ID, eos_id=EOS_ID, beam_size=options.beam_size,
-            len_penalty=options.len_penalty, nbest=options.nbest,
-            no_repeat_ngram_size=options.no_repeat_ngram_size, **limits,
-        )  # fmt: skip
-        return [
-            [Translation(self.tgt_tokenizer.decode(h.tokens), h.score) for h in sentence]
-            for sentence in hyps
-        ]
+        return decode_batch(self.model, self.tgt_tokenizer, src, options)
+
+
+def decode_batch(
+    model: Transformer,
+    tgt_tokenizer: Tokenizer,
+    src: torch.Tensor,
+    options: DecodeOptions,
+    src_pad_mask: torch.Tensor | None = None,
+    *,
+    always_beam: bool = False,
+) -> list[list[Translation]]:
+    """Decode a batch of source ids (B, S) as ``options`` say: each sentence's ``options.nbest``
+    detokenized translations, best first.
+
+    The one place that picks the search (evaluation, translation and training's validation all
+    come here): one beam without an n-gram ban runs the greedy loop (the same output as beam
+    search with one beam, cheaper) unless ``always_beam``; anything else runs beam search.
+    """
+    limits = dict(max_len_a=options.max_len_a, max_len_b=options.max_len_b, min_len=options.min_len)
+    if options.beam_size == 1 and options.no_repeat_ngram_size == 0 and not always_beam:
+        out = greedy_decode(model, src, BOS_ID, EOS_ID, src_pad_mask, **limits)
+        return [[Translation(tgt_tokenizer.decode(row), None)] for row in out.tolist()]
+    hyps = beam_search(
+        model, src, bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask,
+        beam_size=options.beam_size, len_penalty=options.len_penalty, nbest=options.nbest,
+        no_repeat_ngram_size=options.no_repeat_ngram_size, **limits,
+    )  # fmt: skip
+    return [
+        [Translation(tgt_tokenizer.decode(h.tokens), h.score) for h in sentence]
+        for sentence in hyps
+    ]

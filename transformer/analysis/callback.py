@@ -109,12 +109,13 @@ class AttentionMapsCallback(Callback):
         else:
             count = max(self.num_probes, self.num_samples)
             sources, references = val_src[:count], val_ref[:count]
-        limits = getattr(pl_module, "decoding", {})
+        # Probes are decoded greedily, within validation's length limits (a ValidationDecoding).
+        decoding = getattr(pl_module, "decoding", None)
         probes = None
         if sources:
             probes = translate_probes(
                 model, src_tok, tgt_tok, sources, references,
-                limits.get("max_len_a", 1.2), limits.get("max_len_b", 10),
+                getattr(decoding, "max_len_a", 1.2), getattr(decoding, "max_len_b", 10),
             )  # fmt: skip
         images: Images = {}
         if probes is not None and self.num_probes > 0 and self.types:
