@@ -19,6 +19,7 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
+from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.training import ConfigError, model_config, train, validate_config
 
@@ -163,6 +164,60 @@ def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
     kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
     steps_per_epoch = int(re.search(r"step(\d+)", kept[0]).group(1)) // 3
     assert kept == [f"epoch00{e}-step{(e + 1) * steps_per_epoch}.ckpt" for e in (2, 3)]
+
+
+STEPS_PER_EPOCH = 16  # the tiny corpus: 400 pairs in 16 batches of up to 512 tokens
+STOP_AT_STEP_40 = ["+callbacks.stop._target_=fault_kit.StopAtStep", "+callbacks.stop.step=40"]
+
+
+@pytest.mark.parametrize(
+    "accumulate, stop",
+    [
+        (1, ["trainer.max_steps=40"]),  # 2.5 epochs
+        (3, ["trainer.max_steps=15"]),  # 6 steps an epoch (the 16th batch steps too): 2.5 epochs
+        (1, ["trainer.max_epochs=10", *STOP_AT_STEP_40]),  # should_stop, as max_time sets it
+    ],
+    ids=["max_steps", "max_steps-accumulate3", "should_stop-as-max_time"],
+)
+def test_epoch_checkpoints_skip_an_epoch_cut_short(corpus, tmp_path, accumulate, stop):
+    """Training stopped inside an epoch (max_steps, or max_time's should_stop) keeps complete
+    epochs only, though Lightning ends the partial epoch with on_train_epoch_end too."""
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de",
+        "trainer.max_epochs=-1",
+        f"trainer.accumulate_grad_batches={accumulate}",
+        *stop,
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    steps = -(-STEPS_PER_EPOCH // accumulate)
+    assert kept == [f"epoch00{e}-step{(e + 1) * steps}.ckpt" for e in (0, 1)]
+    last = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == (15 if accumulate == 3 else 40)  # the partial epoch is here
+
+
+def test_epoch_checkpoints_count_an_epoch_resumed_midway(corpus, tmp_path):
+    """Stopped in epoch 2, resumed into the same run directory: epoch 2 ends complete and is kept
+    (so is epoch 3, where max_steps=64 falls on its last batch), and so are the first run's."""
+    common = [*tiny_overrides(corpus), "experiment=multi30k_en_de", "trainer.max_epochs=-1"]
+    train(compose_cfg([*common, "trainer.max_steps=40"], tmp_path))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    train(compose_cfg([*common, "trainer.max_steps=64", f"ckpt_path={ckpt}"], tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    assert kept == [f"epoch00{e}-step{(e + 1) * STEPS_PER_EPOCH}.ckpt" for e in range(4)]
+
+
+def test_epoch_checkpoint_saves_at_train_epoch_ends_only(tmp_path):
+    with pytest.raises(ValueError, match="save_on_train_epoch_end must be true"):
+        EpochCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=False)
+
+
+def test_a_run_shorter_than_an_epoch_keeps_no_epoch_checkpoint(corpus, tmp_path):
+    overrides = [*tiny_overrides(corpus), "experiment=multi30k_en_de", "trainer.max_steps=5"]
+    train(compose_cfg(overrides, tmp_path))
+    assert not any((tmp_path / "checkpoints" / "epochs").iterdir())
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 5
 
 
 def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(
