@@ -13,10 +13,12 @@ import sys
 from functools import partial
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Timer
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
 from transformer.callbacks import EpochCheckpoint
@@ -84,6 +86,7 @@ def test_default_is_multi30k_en_de_with_wandb(tmp_path):
 def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
+    assert cpu.trainer.max_epochs == -1  # the time alone ends it
     assert cpu.model == gpu.model and cpu.data == gpu.data and cpu.callbacks == gpu.callbacks
     other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
     assert other.experiment_name == "multi30k_de_en_cpu"
@@ -111,6 +114,13 @@ def test_misspelt_option_is_named():
         ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
         ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
         ("compile=maybe", "compile must be true or false"),
+        ("trainer.max_epochs=-1", "set trainer.max_steps, trainer.max_epochs or trainer.max_time"),
+        ("trainer.max_epochs=null", "training would not end"),
+        (
+            "+trainer.max_time=54min",
+            "trainer.max_time='54min' is not a duration; write DD:HH:MM:SS",
+        ),
+        ("+trainer.max_time=00:00:00:00", "trainer.max_time='00:00:00:00': training would end"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):
@@ -120,6 +130,14 @@ def test_invalid_value_fails_before_data_work(override, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         train(cfg)
     assert not missing.exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("max_epochs", ["-1", "null"])
+@pytest.mark.parametrize("max_time", ["00:00:54:00", "{hours: 1}"])
+def test_max_time_alone_ends_training(max_epochs, max_time):
+    validate_config(
+        compose_cfg([f"trainer.max_epochs={max_epochs}", f"+trainer.max_time={max_time}"])
+    )
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -218,6 +236,26 @@ def test_a_run_shorter_than_an_epoch_keeps_no_epoch_checkpoint(corpus, tmp_path)
     train(compose_cfg(overrides, tmp_path))
     assert not any((tmp_path / "checkpoints" / "epochs").iterdir())
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 5
+
+
+def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
+    """max_time alone ends training (max_epochs null or -1): no epoch cap, Lightning's Timer."""
+    trainers = []
+    fit = L.Trainer.fit
+    monkeypatch.setattr(
+        L.Trainer, "fit", lambda self, *a, **k: trainers.append(self) or fit(self, *a, **k)
+    )
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de_cpu",
+        "trainer.max_time=00:00:00:02",
+        "trainer.max_epochs=null",
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    (trainer,) = trainers
+    assert trainer.fit_loop.max_epochs == -1 and trainer.max_steps == -1
+    (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    assert timer.time_elapsed("train") >= 2 and trainer.global_step > 0
 
 
 def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(
