@@ -51,3 +51,15 @@ class PoisonLoss(Callback):
             return out
 
         lit_module.label_smoothed_loss = loss
+
+
+class StopAtStep(Callback):
+    """Sets ``trainer.should_stop`` after optimizer step ``step``, as Lightning's ``Timer`` does
+    when ``trainer.max_time`` runs out: training stops inside the epoch."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step >= self.step:
+            trainer.should_stop = True

@@ -100,6 +100,16 @@ def test_glob_matching_nothing_is_refused(tmp_path) -> None:
     with pytest.raises(CheckpointError, match=r"ckpt_path=.*nothing/\*.ckpt matches no file"):
         evaluate(eval_cfg([f"ckpt_path='{tmp_path}/nothing/*.ckpt'"], tmp_path / "out"))
 
+    # A run shorter than one epoch: checkpoints/epochs/ is empty, checkpoints/last.ckpt exists.
+    (tmp_path / "checkpoints" / "epochs").mkdir(parents=True)
+    (tmp_path / "checkpoints" / "last.ckpt").touch()
+    pattern = f"{tmp_path}/checkpoints/epochs/*.ckpt"
+    last = tmp_path / "checkpoints" / "last.ckpt"
+    with pytest.raises(CheckpointError) as err:
+        evaluate(eval_cfg([f"ckpt_path='{pattern}'"], tmp_path / "out"))
+    assert str(err.value).startswith(f"ckpt_path={pattern} matches no file; {last} exists")
+    assert str(err.value).endswith(f"evaluate it with ckpt_path={last}")
+
 
 def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
     ckpt, _ = trained

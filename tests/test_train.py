@@ -18,9 +18,11 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
+from lightning.pytorch.callbacks import Timer
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
 import transformer.translate
+from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.lit_module import TranslationModule
 from transformer.training import ConfigError, model_config, train, validate_config
@@ -86,6 +88,7 @@ def test_default_is_multi30k_en_de_with_wandb(tmp_path):
 def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
+    assert cpu.trainer.max_epochs == -1  # the time alone ends it
     assert cpu.model == gpu.model and cpu.data == gpu.data and cpu.callbacks == gpu.callbacks
     other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
     assert other.experiment_name == "multi30k_de_en_cpu"
@@ -119,6 +122,13 @@ def test_misspelt_option_is_named():
         ),
         ("validation.decoding.beam_size=0", r"validation\.decoding\.beam_size must be >= 1"),
         ("+validation.decoding.beam=4", r"unknown option validation\.decoding\.beam;"),
+        ("trainer.max_epochs=-1", "set trainer.max_steps, trainer.max_epochs or trainer.max_time"),
+        ("trainer.max_epochs=null", "training would not end"),
+        (
+            "+trainer.max_time=54min",
+            "trainer.max_time='54min' is not a duration; write DD:HH:MM:SS",
+        ),
+        ("+trainer.max_time=00:00:00:00", "trainer.max_time='00:00:00:00': training would end"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):
@@ -128,6 +138,14 @@ def test_invalid_value_fails_before_data_work(override, message, tmp_path):
     with pytest.raises(ValueError, match=message):
         train(cfg)
     assert not missing.exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("max_epochs", ["-1", "null"])
+@pytest.mark.parametrize("max_time", ["00:00:54:00", "{hours: 1}"])
+def test_max_time_alone_ends_training(max_epochs, max_time):
+    validate_config(
+        compose_cfg([f"trainer.max_epochs={max_epochs}", f"+trainer.max_time={max_time}"])
+    )
 
 
 # -- training ----------------------------------------------------------------------------------
@@ -231,6 +249,80 @@ def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
     kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
     steps_per_epoch = int(re.search(r"step(\d+)", kept[0]).group(1)) // 3
     assert kept == [f"epoch00{e}-step{(e + 1) * steps_per_epoch}.ckpt" for e in (2, 3)]
+
+
+STEPS_PER_EPOCH = 16  # the tiny corpus: 400 pairs in 16 batches of up to 512 tokens
+STOP_AT_STEP_40 = ["+callbacks.stop._target_=fault_kit.StopAtStep", "+callbacks.stop.step=40"]
+
+
+@pytest.mark.parametrize(
+    "accumulate, stop",
+    [
+        (1, ["trainer.max_steps=40"]),  # 2.5 epochs
+        (3, ["trainer.max_steps=15"]),  # 6 steps an epoch (the 16th batch steps too): 2.5 epochs
+        (1, ["trainer.max_epochs=10", *STOP_AT_STEP_40]),  # should_stop, as max_time sets it
+    ],
+    ids=["max_steps", "max_steps-accumulate3", "should_stop-as-max_time"],
+)
+def test_epoch_checkpoints_skip_an_epoch_cut_short(corpus, tmp_path, accumulate, stop):
+    """Training stopped inside an epoch (max_steps, or max_time's should_stop) keeps complete
+    epochs only, though Lightning ends the partial epoch with on_train_epoch_end too."""
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de",
+        "trainer.max_epochs=-1",
+        f"trainer.accumulate_grad_batches={accumulate}",
+        *stop,
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    steps = -(-STEPS_PER_EPOCH // accumulate)
+    assert kept == [f"epoch00{e}-step{(e + 1) * steps}.ckpt" for e in (0, 1)]
+    last = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert last["global_step"] == (15 if accumulate == 3 else 40)  # the partial epoch is here
+
+
+def test_epoch_checkpoints_count_an_epoch_resumed_midway(corpus, tmp_path):
+    """Stopped in epoch 2, resumed into the same run directory: epoch 2 ends complete and is kept
+    (so is epoch 3, where max_steps=64 falls on its last batch), and so are the first run's."""
+    common = [*tiny_overrides(corpus), "experiment=multi30k_en_de", "trainer.max_epochs=-1"]
+    train(compose_cfg([*common, "trainer.max_steps=40"], tmp_path))
+    ckpt = tmp_path / "checkpoints" / "last.ckpt"
+    train(compose_cfg([*common, "trainer.max_steps=64", f"ckpt_path={ckpt}"], tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    assert kept == [f"epoch00{e}-step{(e + 1) * STEPS_PER_EPOCH}.ckpt" for e in range(4)]
+
+
+def test_epoch_checkpoint_saves_at_train_epoch_ends_only(tmp_path):
+    with pytest.raises(ValueError, match="save_on_train_epoch_end must be true"):
+        EpochCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=False)
+
+
+def test_a_run_shorter_than_an_epoch_keeps_no_epoch_checkpoint(corpus, tmp_path):
+    overrides = [*tiny_overrides(corpus), "experiment=multi30k_en_de", "trainer.max_steps=5"]
+    train(compose_cfg(overrides, tmp_path))
+    assert not any((tmp_path / "checkpoints" / "epochs").iterdir())
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 5
+
+
+def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
+    """max_time alone ends training (max_epochs null or -1): no epoch cap, Lightning's Timer."""
+    trainers = []
+    fit = L.Trainer.fit
+    monkeypatch.setattr(
+        L.Trainer, "fit", lambda self, *a, **k: trainers.append(self) or fit(self, *a, **k)
+    )
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de_cpu",
+        "trainer.max_time=00:00:00:02",
+        "trainer.max_epochs=null",
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    (trainer,) = trainers
+    assert trainer.fit_loop.max_epochs == -1 and trainer.max_steps == -1
+    (timer,) = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    assert timer.time_elapsed("train") >= 2 and trainer.global_step > 0
 
 
 def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(

@@ -48,11 +48,24 @@ def checkpoint_paths(ckpt_path: Any) -> list[str]:
         if glob.has_magic(entry):
             matches = sorted(glob.glob(entry))
             if not matches:
-                raise CheckpointError(f"ckpt_path={entry} matches no file")
+                raise CheckpointError(f"ckpt_path={entry} matches no file{_no_match_hint(entry)}")
             paths += matches
         else:
             paths.append(entry)
     return paths
+
+
+def _no_match_hint(pattern: str) -> str:
+    """Where the pattern's folder (or the one above) holds a ``last.ckpt``, as a training run's
+    ``checkpoints/epochs/`` does: a run shorter than one epoch keeps no epoch checkpoints."""
+    folder = Path(pattern).parent
+    for last in (folder / "last.ckpt", folder.parent / "last.ckpt"):
+        if not glob.has_magic(str(last)) and last.is_file():
+            return (
+                f"; {last} exists (epoch checkpoints are kept for complete epochs only, so a run "
+                f"shorter than one epoch has none): evaluate it with ckpt_path={last}"
+            )
+    return ""
 
 
 def _checkpoint(ckpt_path: Any) -> tuple[dict[str, Any], list[str]]:

@@ -9,9 +9,11 @@ from __future__ import annotations
 
 import difflib
 import logging
+import re
 import tempfile
 import zipfile
 from dataclasses import fields
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -129,9 +131,14 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
         raise ConfigError(
             f"trainer.accumulate_grad_batches must be >= 1, got {tr.accumulate_grad_batches}"
         )
-    if tr.get("max_steps", -1) == -1 and tr.get("max_epochs", -1) in (-1, None):
-        if not tr.get("fast_dev_run"):
-            raise ConfigError("set trainer.max_steps or trainer.max_epochs: training would not end")
+    max_time = tr.get("max_time")
+    if max_time is not None:
+        check_max_time(max_time)
+    no_limit = tr.get("max_steps", -1) == -1 and tr.get("max_epochs", -1) in (-1, None)
+    if no_limit and max_time is None and not tr.get("fast_dev_run"):
+        raise ConfigError(
+            "set trainer.max_steps, trainer.max_epochs or trainer.max_time: training would not end"
+        )
     if cfg.get("ckpt_path"):
         if not Path(cfg.ckpt_path).is_file():
             raise ConfigError(f"ckpt_path={cfg.ckpt_path} is not a file")
@@ -141,6 +148,32 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
                 "checkpoint (checkpoints written by train.py are never left half-written)"
             )
     return model_cfg
+
+
+MAX_TIME = re.compile(r"(\d+):(\d\d):(\d\d):(\d\d)")  # Lightning's Timer: DD:HH:MM:SS
+
+
+def check_max_time(value: Any) -> None:
+    """``trainer.max_time`` as Lightning takes it: ``DD:HH:MM:SS`` or a mapping of timedelta
+    arguments (``{hours: 1}``); a positive duration."""
+    try:
+        if isinstance(value, str):
+            match = MAX_TIME.fullmatch(value.strip())
+            if not match:
+                raise ValueError
+            days, hours, minutes, seconds = map(int, match.groups())
+            duration = timedelta(days=days, hours=hours, minutes=minutes, seconds=seconds)
+        elif isinstance(value, DictConfig):
+            duration = timedelta(**OmegaConf.to_container(value))  # type: ignore[arg-type]
+        else:
+            raise TypeError
+    except (TypeError, ValueError) as err:
+        raise ConfigError(
+            f"trainer.max_time={value!r} is not a duration; write DD:HH:MM:SS, e.g. "
+            "trainer.max_time=00:01:30:00 for an hour and a half"
+        ) from err
+    if duration <= timedelta(0):
+        raise ConfigError(f"trainer.max_time={value!r}: training would end before it starts")
 
 
 def output_dirs(cfg: DictConfig) -> dict[str, Path]:
@@ -269,8 +302,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     callbacks = _instantiate_group(cfg.get("callbacks"))
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
+    # max_epochs=null beside another limit means no epoch limit (Lightning caps a run with no
+    # max_steps and no Timer at 1000 epochs)
+    limits = {"max_epochs": -1} if cfg.trainer.get("max_epochs", -1) is None else {}
     trainer: L.Trainer = instantiate(
         cfg.trainer,
+        **limits,
         callbacks=callbacks,
         logger=loggers or False,
         precision=resolve_precision(cfg.trainer),
