@@ -35,26 +35,33 @@ def greedy_decode(
     min_len: int = 1,
 ) -> Tensor:
     """Source ids (B, S) -> output ids (B, T) without bos: each row ends with eos and is padded
-    with ``pad_id`` after it. Runs in eval mode, restoring the mode the model was in."""
+    with ``pad_id`` after it. A finished sentence leaves the batch (its cache rows too). Runs in
+    eval mode, restoring the mode the model was in."""
     pad_id = model.cfg.pad_id
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
     max_len = max_output_lengths(
         (~src_pad_mask).sum(1), max_len_a, max_len_b, min_len, model.cfg.max_positions - 1
     )
+    B, steps = src.size(0), int(max_len.max()) + 1
+    out = torch.full((B, steps), pad_id, device=src.device)
     with evaluating(model):
         stepper = Stepper(model, src, src_pad_mask)
-        prefixes = torch.full((src.size(0), 1), bos_id, device=src.device)  # (B, t + 1)
-        finished = torch.zeros(src.size(0), dtype=torch.bool, device=src.device)
-        for t in range(int(max_len.max()) + 1):  # t tokens generated so far
-            lprobs = stepper.log_probs(prefixes)  # (B, V)
+        sentence = torch.arange(B, device=src.device)  # (n,) the unfinished ones' rows in `out`
+        prefixes = torch.full((B, 1), bos_id, device=src.device)  # (n, t + 1)
+        for t in range(steps):  # t tokens generated so far
+            lprobs = stepper.log_probs(prefixes)  # (n, V)
             lprobs[:, [pad_id, bos_id]] = float("-inf")
             if t < min_len:
                 lprobs[:, eos_id] = float("-inf")
-            token = lprobs.argmax(-1).masked_fill(t >= max_len, eos_id)
-            token = token.masked_fill(finished, pad_id)
+            token = lprobs.argmax(-1).masked_fill(t >= max_len, eos_id)  # (n,)
+            out[sentence, t] = token
             prefixes = torch.cat([prefixes, token.unsqueeze(1)], dim=1)
-            finished |= token.eq(eos_id)
-            if bool(finished.all()):
-                break
-    return prefixes[:, 1:]
+            finished = token.eq(eos_id)
+            if bool(finished.any()):  # the one host synchronisation of a step
+                keep = (~finished).nonzero().squeeze(1)  # finished rows leave the batch
+                if keep.numel() == 0:
+                    break
+                stepper.reorder(keep)
+                sentence, prefixes, max_len = sentence[keep], prefixes[keep], max_len[keep]
+    return out[:, : t + 1]
