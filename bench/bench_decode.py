@@ -3,14 +3,19 @@ decoder, Hugging Face MarianMTModel.generate.
 
 Sources are the real sentences of a Multi30k split, tokenized by the data pipeline (a joint
 SentencePiece model trained on its training split); the models have the same sizes and random
-weights. Random weights rarely choose eos, so every system is made to produce exactly
-``--length`` tokens (eos banned before, forced after): each does the same work. Systems alternate
-batch by batch; the table gives sentences/s and the ratios.
+weights. Random weights rarely choose eos, so each system is made to produce a set number of tokens
+per sentence: with ``--lengths equal``, exactly ``--length`` for every sentence, in the file's
+order (each step's work the same for all systems); with ``--lengths reference``, as many as its
+reference translation has pieces, in batches of sentences sorted by source length as
+``evaluate.py`` makes them: sentences then end at different steps, as a trained model's do, and a
+decoder that drops finished sentences from the batch does less work. Systems alternate batch by
+batch; the table gives sentences/s and the ratios.
 
     pip install transformers   # only for the MarianMTModel column
     python bench/bench_decode.py --root ../shared/data/multi30k
     python bench/bench_decode.py --root DIR --limit 200 --no-uncached
     python bench/bench_decode.py --root DIR --beam 1 --no-uncached   # greedy
+    python bench/bench_decode.py --root DIR --lengths reference --no-uncached
 """
 
 from __future__ import annotations
@@ -36,19 +41,41 @@ from transformer.decoding import beam_search, greedy_decode
 
 def source_batches(
     args: argparse.Namespace, device: torch.device, limit: int
-) -> list[torch.Tensor]:
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Batches of (source ids (B, S), output lengths (B,)), as ``--lengths`` says."""
     dm = TranslationDataModule(
         root=args.root, src_lang=args.src_lang, tgt_lang=args.tgt_lang,
         vocab_size=args.vocab, cache_dir=args.cache_dir, num_workers=0,
     )  # fmt: skip
     dm.prepare_data()
     dm.setup()
-    lines = dm.sources(args.split)[: args.limit]
-    ids = encode_sources(dm.src_tokenizer, lines, limit)
+    ids = encode_sources(dm.src_tokenizer, dm.sources(args.split)[: args.limit], limit)
+    if args.lengths == "reference":
+        lengths = [len(dm.tgt_tokenizer.encode(r)) for r in dm.references(args.split)]
+        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
+    else:
+        lengths = [args.length] * len(ids)
+        order = list(range(len(ids)))
     batches = []
-    for i in range(0, len(ids), args.batch):
-        batches.append(pad(ids[i : i + args.batch], PAD_ID, device))
+    for start in range(0, len(order), args.batch):
+        rows = order[start : start + args.batch]
+        lens = torch.tensor([min(lengths[i], limit - 2) for i in rows], device=device)
+        batches.append((pad([ids[i] for i in rows], PAD_ID, device), lens))
     return batches
+
+
+class ExactLengths:
+    """A `generate()` logits processor: row r of sentence r // beams ends after exactly
+    lengths[sentence] tokens (eos banned before, forced then)."""
+
+    def __init__(self, lengths: torch.Tensor, beams: int) -> None:
+        self.lengths = lengths.repeat_interleave(beams)  # (B * beams,)
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        generated = input_ids.size(1) - 1  # after the decoder start token
+        at_end = (self.lengths <= generated).unsqueeze(1)  # (N, 1)
+        is_eos = torch.arange(scores.size(1), device=scores.device) == EOS_ID
+        return scores.masked_fill(at_end != is_eos, float("-inf"))
 
 
 def main() -> None:
@@ -61,7 +88,8 @@ def main() -> None:
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--batch", type=int, default=50, help="sentences per batch")
     p.add_argument("--beam", type=int, default=5, help="1 = greedy decoding")
-    p.add_argument("--length", type=int, default=25, help="tokens each system must produce")
+    p.add_argument("--lengths", choices=["equal", "reference"], default="equal")
+    p.add_argument("--length", type=int, default=25, help="tokens per sentence (--lengths equal)")
     p.add_argument("--d-model", type=int, default=512)
     p.add_argument("--heads", type=int, default=8)
     p.add_argument("--layers", type=int, default=6)
@@ -80,22 +108,37 @@ def main() -> None:
     )  # fmt: skip
     ours = Transformer(cfg).to(device).eval()
     n = args.length
-    options = dict(bos_id=BOS_ID, eos_id=EOS_ID, min_len=n, max_len_a=0.0, max_len_b=n)
-    beam = dict(options, beam_size=args.beam)
+
+    # Each sentence ends after exactly its set number of tokens (max_lengths: its eos forced
+    # there; before it, eos is banned with equal lengths, and random weights practically never
+    # choose it with reference lengths).
+    def limits(lens: torch.Tensor) -> dict:
+        same = args.lengths == "equal"
+        return dict(bos_id=BOS_ID, eos_id=EOS_ID, min_len=n if same else 1, max_lengths=lens)
+
     if args.beam == 1:
-        systems = {"ours, cached": lambda src: greedy_decode(ours, src, **options)}
+        systems = {"ours, cached": lambda src, lens: greedy_decode(ours, src, **limits(lens))}
     else:
-        systems = {"ours, cached": lambda src: beam_search(ours, src, **beam)}
+        systems = {
+            "ours, cached": lambda src, lens: beam_search(
+                ours, src, beam_size=args.beam, **limits(lens)
+            )
+        }
     if not args.no_uncached:  # beam search of size 1 is greedy decoding (tests/test_decoding.py)
-        systems["ours, uncached"] = lambda src: beam_search(ours, src, use_cache=False, **beam)
+        systems["ours, uncached"] = lambda src, lens: beam_search(
+            ours, src, beam_size=args.beam, use_cache=False, **limits(lens)
+        )
     if not args.no_marian:
+        from transformers import LogitsProcessorList
+
         hf = marian(cfg).to(device).eval()
 
-        def hf_generate(src: torch.Tensor):
+        def hf_generate(src: torch.Tensor, lens: torch.Tensor):
             with torch.no_grad():
                 return hf.generate(
                     input_ids=src, attention_mask=src.ne(PAD_ID), num_beams=args.beam,
-                    max_new_tokens=n + 1, min_new_tokens=n + 1, do_sample=False,
+                    max_new_tokens=int(lens.max()) + 1, do_sample=False,
+                    logits_processor=LogitsProcessorList([ExactLengths(lens, args.beam)]),
                 )  # fmt: skip
 
         systems["MarianMTModel.generate"] = hf_generate
@@ -103,12 +146,12 @@ def main() -> None:
     batches = source_batches(args, device, cfg.max_positions)
     systems_time = {name: 0.0 for name in systems}
     per_batch = {name: [] for name in systems}
-    for src in [batches[0]] + batches:  # the first batch twice: warm-up, not timed
+    for src, lens in [batches[0]] + batches:  # the first batch twice: warm-up, not timed
         for name, run in systems.items():
             if device.type == "cuda":
                 torch.cuda.synchronize()
             start = time.perf_counter()
-            run(src)
+            run(src, lens)
             if device.type == "cuda":
                 torch.cuda.synchronize()
             per_batch[name].append(time.perf_counter() - start)
@@ -116,10 +159,12 @@ def main() -> None:
         per_batch[name] = per_batch[name][1:]
         systems_time[name] = sum(per_batch[name])
 
-    sentences = sum(b.size(0) for b in batches)
+    sentences = sum(src.size(0) for src, _ in batches)
+    tokens = sum(int(lens.sum()) for _, lens in batches)
     print(
         f"device={device} threads={torch.get_num_threads()} split={args.split} "
-        f"sentences={sentences} batch={args.batch} beam={args.beam} tokens/sentence={n} "
+        f"sentences={sentences} batch={args.batch} beam={args.beam} lengths={args.lengths} "
+        f"tokens/sentence={tokens / sentences:.1f} "
         f"d_model={args.d_model} layers={args.layers}+{args.layers} vocab={args.vocab}"
     )
     print("| system | seconds | sentences/s |")

@@ -193,3 +193,21 @@ def test_cached_equals_uncached_and_batched_equals_alone() -> None:
     for i, row in enumerate(src):
         alone = beam_search(model, row[row.ne(PAD)].unsqueeze(0), **options)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in cached[i]]
+
+
+def test_per_sentence_max_lengths_equal_each_sentence_decoded_alone() -> None:
+    model, src = random_model(), sources()
+    lengths = torch.tensor([2, 6, 0, 4])
+    beam = beam_search(
+        model, src, bos_id=BOS, eos_id=EOS, beam_size=3, min_len=0, max_lengths=lengths
+    )
+    greedy = greedy_decode(model, src, BOS, EOS, min_len=0, max_lengths=lengths)
+    for i, row in enumerate(src):
+        alone = dict(min_len=0, max_len_a=0.0, max_len_b=int(lengths[i]))
+        row = row[row.ne(PAD)].unsqueeze(0)
+        expected = beam_search(model, row, bos_id=BOS, eos_id=EOS, beam_size=3, **alone)[0]
+        assert [h.tokens for h in beam[i]] == [h.tokens for h in expected]
+        assert len(beam[i][0].tokens) <= lengths[i]
+        assert strip(greedy[i].tolist()) == strip(
+            greedy_decode(model, row, BOS, EOS, **alone)[0].tolist()
+        )

@@ -56,13 +56,15 @@ def beam_search(
     nbest: int = 1,
     no_repeat_ngram_size: int = 0,
     use_cache: bool = True,
+    max_lengths: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src`` (B, S); return each sentence's ``nbest`` hypotheses, best first.
 
     Every hypothesis has between ``min_len`` and ``max_len_a * source_length + max_len_b`` tokens
     before its eos (capped by the model's ``max_positions``); its score divides the log-probability
     by its length with eos, to the power ``len_penalty`` (0: raw log-probability; above 1: longer
-    hypotheses favoured more).
+    hypotheses favoured more). ``max_lengths`` (B,) sets each sentence's maximum instead of
+    ``max_len_a`` and ``max_len_b`` (length-controlled decoding).
     """
     if not 1 <= nbest <= beam_size:
         raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
@@ -73,7 +75,12 @@ def beam_search(
         src_pad_mask = padding_mask(src, pad_id)
     B, K, device = src.size(0), beam_size, src.device
     max_len = max_output_lengths(
-        (~src_pad_mask).sum(1), max_len_a, max_len_b, min_len, model.cfg.max_positions - 1
+        (~src_pad_mask).sum(1),
+        max_len_a,
+        max_len_b,
+        min_len,
+        model.cfg.max_positions - 1,
+        max_lengths,
     )  # (B,) tokens before eos; the decoder reads bos + every token but eos
     L = int(max_len.max()) + 1  # steps, eos included
     out_scores = torch.full((B, K), float("-inf"), device=device)

@@ -16,10 +16,19 @@ from transformer.model import Transformer
 
 
 def max_output_lengths(
-    src_lens: Tensor, max_len_a: float, max_len_b: int, min_len: int, cap: int
+    src_lens: Tensor,
+    max_len_a: float,
+    max_len_b: int,
+    min_len: int,
+    cap: int,
+    max_lengths: Tensor | None = None,
 ) -> Tensor:
-    """(B,) most tokens before eos per sentence: ``a * src_len + b`` within [min_len, cap]."""
-    lengths = (src_lens.float() * max_len_a).floor().long() + max_len_b
+    """(B,) most tokens before eos per sentence: ``a * src_len + b`` (or the given
+    ``max_lengths``) within [min_len, cap]."""
+    if max_lengths is None:
+        lengths = (src_lens.float() * max_len_a).floor().long() + max_len_b
+    else:
+        lengths = max_lengths.to(src_lens.device, torch.long)
     return lengths.clamp(min=min(min_len, cap), max=cap)
 
 
@@ -33,15 +42,22 @@ def greedy_decode(
     max_len_a: float = 1.2,
     max_len_b: int = 10,
     min_len: int = 1,
+    max_lengths: Tensor | None = None,
 ) -> Tensor:
     """Source ids (B, S) -> output ids (B, T) without bos: each row ends with eos and is padded
-    with ``pad_id`` after it. A finished sentence leaves the batch (its cache rows too). Runs in
-    eval mode, restoring the mode the model was in."""
+    with ``pad_id`` after it. A finished sentence leaves the batch (its cache rows too).
+    ``max_lengths`` (B,) sets each sentence's maximum instead of ``max_len_a`` and ``max_len_b``.
+    Runs in eval mode, restoring the mode the model was in."""
     pad_id = model.cfg.pad_id
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
     max_len = max_output_lengths(
-        (~src_pad_mask).sum(1), max_len_a, max_len_b, min_len, model.cfg.max_positions - 1
+        (~src_pad_mask).sum(1),
+        max_len_a,
+        max_len_b,
+        min_len,
+        model.cfg.max_positions - 1,
+        max_lengths,
     )
     B, steps = src.size(0), int(max_len.max()) + 1
     out = torch.full((B, steps), pad_id, device=src.device)
