@@ -33,6 +33,9 @@ def main(cfg: DictConfig) -> None:
     print(f"BLEU = {result['bleu']:.2f}  {result['signature']['bleu']}")
     print(f"BLEU lowercased = {result['bleu_lc']:.2f}  {result['signature']['bleu_lc']}")
     print(f"chrF = {result['chrf']:.2f}  {result['signature']['chrf']}")
+    seconds = result["translate_seconds"]
+    print(f"translated in {seconds:.1f} s on {result['device']}, "
+          f"{result['num_sentences'] / max(seconds, 1e-9):.1f} sentences/s")  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -58,6 +58,7 @@ def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) ->
     assert "case:lc" in written["signature"]["bleu_lc"]
     assert written["split"] == "test" and written["direction"] == "en-de"
     assert written["decode"]["beam_size"] == 3
+    assert written["translate_seconds"] > 0 and written["device"] == "cpu"
 
 
 def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
@@ -151,6 +152,7 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "BLEU = " in done.stdout and "chrF = " in done.stdout and "nrefs:1" in done.stdout
+    assert "sentences/s" in done.stdout
     assert (tmp_path / "score" / "metrics.json").is_file()
     piped = subprocess.run(
         [*run, "input=-", "decode.nbest=2", f"hydra.run.dir={tmp_path / 'stdin'}"],

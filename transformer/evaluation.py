@@ -10,6 +10,7 @@ import glob
 import json
 import logging
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -128,7 +129,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         return run_analysis(
             analysis, translator, sources, references, cfg.analysis_options, out_dir
         )
-    hypotheses = [t[0].text for t in translator.translate(sources, options)]
+    start = time.perf_counter()
+    hypotheses = [t[0].text for t in translator.translate(sources, options)]  # on the host: done
+    seconds = time.perf_counter() - start
     scores = score_translations(hypotheses, references)
     metrics = {
         "bleu": scores.bleu,
@@ -143,6 +146,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "direction": f"{datamodule.src_lang}-{datamodule.tgt_lang}",
         "num_sentences": scores.num_sentences,
         "decode": decode_settings,
+        "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
+        "device": str(device),
         "checkpoints": paths,
     }
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
