@@ -167,3 +167,16 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     )  # fmt: skip
     assert missing.returncode != 0
     assert "error: checkpoint" in missing.stderr and "Traceback" not in missing.stderr
+
+
+def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> None:
+    ckpt, corpus = trained
+    script = REPO / "bench" / "bench_translate.py"
+    run = [sys.executable, str(script), str(ckpt), "--source", str(corpus / "test.en")]
+    done = subprocess.run(
+        [*run, "--beam", "2", "--repeat", "1"], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 0, done.stderr
+    row = done.stdout.splitlines()[-1].split(" | ")
+    assert row[0] == f"| {REPO}" and float(row[1]) > 0 and float(row[2]) > 0
+    assert len(row[3].rstrip(" |")) == 32  # one md5: the same translations every run

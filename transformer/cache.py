@@ -114,7 +114,7 @@ class DecoderCache:
         if self.beams != 1:
             raise ValueError("expand_beams comes once")
         for cache in self.self_attn:
-            if cache.length:
+            if cache.length and k > 1:
                 rows = torch.arange(cache.batch_size, device=cache.k.device)
                 cache.reorder(rows.repeat_interleave(k))
         self.beams = k

@@ -136,7 +136,7 @@ def beam_search(
             scores = cand_scores.gather(1, live)  # (n, K)
             rows = k * torch.arange(n, device=device).unsqueeze(1) + cand_beam.gather(1, live)
             prefixes = torch.cat([prefixes[rows.view(-1)], cand_tok.gather(1, live).view(-1, 1)], 1)
-            if k == 1:  # the first step: each sentence's row becomes its K beams' rows
+            if t == 0:  # the first step: each sentence's row becomes its K beams' rows
                 stepper.expand_beams(K)
                 rows = torch.arange(n * K, device=device).view(n, K)
 
@@ -144,7 +144,7 @@ def beam_search(
             # hypotheses go to the output and its rows leave the batch.
             done = fin_scores[:, -1].isfinite() | last.view(n)  # (n,)
             if not bool(done.any()):  # the one host synchronisation of a step
-                if k > 1:
+                if t > 0 and K > 1:  # (one beam: the rows stay as they are)
                     stepper.reorder(rows.view(-1))
                 continue
             out_scores[sentence[done]] = fin_scores[done]

@@ -1,0 +1,82 @@
+"""Translation speed of a trained checkpoint: sentences/s of ``Translator.translate`` (tokenize,
+batch by length, decode, detokenize) on a file of source sentences, as ``evaluate.py`` runs it.
+
+Each ``--code DIR`` is a checkout of this repository whose ``transformer`` package is timed (in its
+own process); several are run in turn, ``--repeat`` times, and the table gives the best time of each
+and whether their translations are identical (an md5 of the output). The first translation of the
+first 50 lines is a warm-up, not timed.
+
+    python bench/bench_translate.py OUT/checkpoints/last.ckpt \\
+        --source ../shared/data/multi30k/test_2016_flickr.en.gz
+    git worktree add /tmp/old COMMIT   # then, old against new:
+    python bench/bench_translate.py CKPT --source FILE --code /tmp/old --code . --beam 1
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+
+def child(args: argparse.Namespace) -> None:
+    sys.path.insert(0, str(Path(args.code[-1]).resolve()))
+    from transformer.checkpoints import (
+        load_checkpoint,
+        model_from_checkpoint,
+        tokenizers_from_checkpoint,
+    )
+    from transformer.translate import DecodeOptions, Translator
+
+    ckpt = load_checkpoint(args.ckpt)
+    src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, args.ckpt)
+    translator = Translator(model_from_checkpoint(ckpt), src_tok, tgt_tok)
+    opener = gzip.open if args.source.endswith(".gz") else open
+    with opener(args.source, "rt", encoding="utf-8") as f:
+        lines = f.read().splitlines()
+    options = DecodeOptions(beam_size=args.beam)
+    translator.translate(lines[:50], options)
+    start = time.perf_counter()
+    out = translator.translate(lines, options)
+    seconds = time.perf_counter() - start
+    text = "\n".join(t[0].text for t in out)
+    md5 = hashlib.md5(text.encode()).hexdigest()
+    print(json.dumps({"seconds": seconds, "sentences": len(lines), "md5": md5}))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    p.add_argument("ckpt")
+    p.add_argument("--source", required=True, help="one sentence a line (.gz read as gzip)")
+    p.add_argument("--beam", type=int, default=5, help="1 = greedy")
+    p.add_argument("--code", action="append", help="checkout to time (default: this one)")
+    p.add_argument("--repeat", type=int, default=2)
+    p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.child:
+        return child(args)
+
+    codes = args.code or [str(Path(__file__).resolve().parents[1])]
+    runs: dict[str, list[dict]] = {code: [] for code in codes}
+    for _ in range(args.repeat):
+        for code in codes:
+            cmd = [sys.executable, __file__, args.ckpt, "--source", args.source, "--child"]
+            cmd += ["--beam", str(args.beam), "--code", code]
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            runs[code].append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print(f"beam={args.beam} source={args.source} checkpoint={args.ckpt}")
+    print("| code | best seconds | sentences/s | output md5 |")
+    print("|---|---|---|---|")
+    for code, results in runs.items():
+        best = min(r["seconds"] for r in results)
+        md5s = {r["md5"] for r in results}
+        print(f"| {code} | {best:.2f} | {results[0]['sentences'] / best:.1f} | {' '.join(md5s)} |")
+
+
+if __name__ == "__main__":
+    main()
