@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from transformer.decoding.greedy import max_output_lengths
+from transformer.decoding.greedy import sentence_max_lengths
 from transformer.decoding.step import Stepper, evaluating
 from transformer.masks import padding_mask
 from transformer.model import Transformer
@@ -74,14 +74,7 @@ def beam_search(
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
     B, K, device = src.size(0), beam_size, src.device
-    max_len = max_output_lengths(
-        (~src_pad_mask).sum(1),
-        max_len_a,
-        max_len_b,
-        min_len,
-        model.cfg.max_positions - 1,
-        max_lengths,
-    )  # (B,) tokens before eos; the decoder reads bos + every token but eos
+    max_len = sentence_max_lengths(model, src_pad_mask, max_len_a, max_len_b, min_len, max_lengths)
     L = int(max_len.max()) + 1  # steps, eos included
     out_scores = torch.full((B, K), float("-inf"), device=device)
     out_tokens = torch.full((B, K, L), pad_id, device=device)

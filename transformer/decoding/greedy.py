@@ -32,6 +32,22 @@ def max_output_lengths(
     return lengths.clamp(min=min(min_len, cap), max=cap)
 
 
+def sentence_max_lengths(
+    model: Transformer,
+    src_pad_mask: Tensor,
+    max_len_a: float,
+    max_len_b: int,
+    min_len: int,
+    max_lengths: Tensor | None,
+) -> Tensor:
+    """(B,) most tokens before eos for each source row, within the model's positions (the
+    decoder reads bos and every token but eos): :func:`max_output_lengths` of the rows."""
+    return max_output_lengths(
+        (~src_pad_mask).sum(1), max_len_a, max_len_b, min_len, model.cfg.max_positions - 1,
+        max_lengths,
+    )  # fmt: skip
+
+
 @torch.no_grad()
 def greedy_decode(
     model: Transformer,
@@ -51,14 +67,7 @@ def greedy_decode(
     pad_id = model.cfg.pad_id
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
-    max_len = max_output_lengths(
-        (~src_pad_mask).sum(1),
-        max_len_a,
-        max_len_b,
-        min_len,
-        model.cfg.max_positions - 1,
-        max_lengths,
-    )
+    max_len = sentence_max_lengths(model, src_pad_mask, max_len_a, max_len_b, min_len, max_lengths)
     B, steps = src.size(0), int(max_len.max()) + 1
     out = torch.full((B, steps), pad_id, device=src.device)
     with evaluating(model):
