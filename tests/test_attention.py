@@ -87,6 +87,21 @@ def test_sdpa_path_equals_explicit_path(cross: bool, causal: bool, num_kv_heads:
     torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("autocast", [False, True])
+def test_half_precision_attention_on_cpu_runs_in_float32(autocast: bool) -> None:
+    """bf16 queries, keys and values on CPU (bf16 weights, or fp32 weights under bf16 autocast,
+    which would cast float32 inputs back): the output is float32 attention of those inputs,
+    rounded once to bf16."""
+    q, k, v = (torch.randn(B, H, T, D // H).bfloat16() for _ in range(3))
+    allowed = ~lengths_to_pad_mask([T, 3, 1], T)[:, None, None, :]  # (B, 1, 1, Tk)
+    f32 = [t.float() for t in (q, k, v)]
+    expected = nn.functional.scaled_dot_product_attention(*f32, attn_mask=allowed).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        out = attention_module.sdpa(q, k, v, attn_mask=allowed)
+    assert out.dtype == torch.bfloat16
+    assert torch.equal(out, expected)
+
+
 def test_weights_rows_sum_to_one_masked_keys_zero_causal_lower_triangular() -> None:
     attn = MultiheadAttention(D, H).eval()
     pad = lengths_to_pad_mask([T, 4, 2], T)

@@ -7,6 +7,9 @@ them; it computes the same numbers and doubles as the reference in tests.
 
 A head mask (``head_mask``, (H,) floats, None by default) scales each head's output before the
 output projection, in both kernels: 0 silences a head (Michel et al. 2019). None costs nothing.
+
+On CPU, bf16/fp16 attention (autocast or half-precision weights) runs in float32 (:func:`sdpa`):
+faster there, and exact up to the output's rounding.
 """
 
 from __future__ import annotations
@@ -39,6 +42,17 @@ def explicit_attention(
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return F.dropout(weights, dropout_p) @ v, weights
+
+
+def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
+    """``F.scaled_dot_product_attention``, run in float32 for bf16/fp16 inputs on CPU: PyTorch's
+    CPU attention kernels are 2-3x slower in bf16 than in float32, casts included (BENCHMARKS.md,
+    "bf16 attention on CPU"). The output keeps the queries' type."""
+    if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
+        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+    with torch.autocast("cpu", enabled=False):  # autocast would cast the inputs back
+        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs)
+    return out.to(q.dtype)
 
 
 class MultiheadAttention(nn.Module):
@@ -165,7 +179,7 @@ class MultiheadAttention(nn.Module):
             fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
             needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
             allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
-            out = F.scaled_dot_product_attention(
+            out = sdpa(
                 q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
                 enable_gqa=self.num_kv_heads != self.num_heads,
             )  # fmt: skip
