@@ -16,6 +16,7 @@ batch; the table gives sentences/s and the ratios.
     python bench/bench_decode.py --root DIR --limit 200 --no-uncached
     python bench/bench_decode.py --root DIR --beam 1 --no-uncached   # greedy
     python bench/bench_decode.py --root DIR --lengths reference --no-uncached
+    python bench/bench_decode.py --root DIR --no-uncached --dtype bfloat16   # every system
 """
 
 from __future__ import annotations
@@ -95,6 +96,8 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--d-ff", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=8000)
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="every system's weights (evaluate.py's dtype=)")  # fmt: skip
     p.add_argument("--no-uncached", action="store_true", help="skip our uncached decoder")
     p.add_argument("--no-marian", action="store_true", help="skip MarianMTModel")
     args = p.parse_args()
@@ -106,7 +109,8 @@ def main() -> None:
         num_encoder_layers=args.layers, num_decoder_layers=args.layers, d_ff=args.d_ff,
         share_all_embeddings=True,
     )  # fmt: skip
-    ours = Transformer(cfg).to(device).eval()
+    dtype = getattr(torch, args.dtype)
+    ours = Transformer(cfg).to(device, dtype).eval()
     n = args.length
 
     # Each sentence ends after exactly its set number of tokens (max_lengths: its eos forced
@@ -131,7 +135,7 @@ def main() -> None:
     if not args.no_marian:
         from transformers import LogitsProcessorList
 
-        hf = marian(cfg).to(device).eval()
+        hf = marian(cfg).to(device, dtype).eval()
 
         def hf_generate(src: torch.Tensor, lens: torch.Tensor):
             with torch.no_grad():
@@ -165,7 +169,8 @@ def main() -> None:
         f"device={device} threads={torch.get_num_threads()} split={args.split} "
         f"sentences={sentences} batch={args.batch} beam={args.beam} lengths={args.lengths} "
         f"tokens/sentence={tokens / sentences:.1f} "
-        f"d_model={args.d_model} layers={args.layers}+{args.layers} vocab={args.vocab}"
+        f"d_model={args.d_model} layers={args.layers}+{args.layers} vocab={args.vocab} "
+        f"dtype={args.dtype}"
     )
     print("| system | seconds | sentences/s |")
     print("|---|---|---|")

@@ -26,6 +26,8 @@ from pathlib import Path
 
 def child(args: argparse.Namespace) -> None:
     sys.path.insert(0, str(Path(args.code[-1]).resolve()))
+    import torch
+
     from transformer.checkpoints import (
         load_checkpoint,
         model_from_checkpoint,
@@ -35,7 +37,8 @@ def child(args: argparse.Namespace) -> None:
 
     ckpt = load_checkpoint(args.ckpt)
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, args.ckpt)
-    translator = Translator(model_from_checkpoint(ckpt), src_tok, tgt_tok)
+    model = model_from_checkpoint(ckpt).to(getattr(torch, args.dtype))
+    translator = Translator(model, src_tok, tgt_tok)
     opener = gzip.open if args.source.endswith(".gz") else open
     with opener(args.source, "rt", encoding="utf-8") as f:
         lines = f.read().splitlines()
@@ -54,6 +57,8 @@ def main() -> None:
     p.add_argument("ckpt")
     p.add_argument("--source", required=True, help="one sentence a line (.gz read as gzip)")
     p.add_argument("--beam", type=int, default=5, help="1 = greedy")
+    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="the weights' type (evaluate.py's dtype=)")  # fmt: skip
     p.add_argument("--code", action="append", help="checkout to time (default: this one)")
     p.add_argument("--repeat", type=int, default=2)
     p.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -66,10 +71,10 @@ def main() -> None:
     for _ in range(args.repeat):
         for code in codes:
             cmd = [sys.executable, __file__, args.ckpt, "--source", args.source, "--child"]
-            cmd += ["--beam", str(args.beam), "--code", code]
+            cmd += ["--beam", str(args.beam), "--dtype", args.dtype, "--code", code]
             done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
             runs[code].append(json.loads(done.stdout.strip().splitlines()[-1]))
-    print(f"beam={args.beam} source={args.source} checkpoint={args.ckpt}")
+    print(f"beam={args.beam} dtype={args.dtype} source={args.source} checkpoint={args.ckpt}")
     print("| code | best seconds | sentences/s | output md5 |")
     print("|---|---|---|---|")
     for code, results in runs.items():

@@ -1,5 +1,6 @@
 """Decoding: beam hypotheses from a scripted decoder; greedy, beam, cached, uncached agree."""
 
+import copy
 import math
 
 import pytest
@@ -211,3 +212,27 @@ def test_per_sentence_max_lengths_equal_each_sentence_decoded_alone() -> None:
         assert strip(greedy[i].tolist()) == strip(
             greedy_decode(model, row, BOS, EOS, **alone)[0].tolist()
         )
+
+
+@torch.no_grad()
+def teacher_forced_score(model: Transformer, src: torch.Tensor, tokens: list[int]) -> float:
+    """Sum of the log-probabilities of ``tokens`` then eos, given one unpadded source row."""
+    tgt = torch.tensor([[BOS, *tokens]])
+    lprobs = model(src.unsqueeze(0), tgt)[0].float().log_softmax(-1)  # (t + 1, V)
+    return float(lprobs.gather(1, torch.tensor([[*tokens, EOS]]).T).sum())
+
+
+def test_bfloat16_weights_search_like_float32() -> None:
+    """bf16 weights: the cached search equals the uncached one, and each hypothesis' score is
+    what the float32 model gives it, within bf16 rounding."""
+    model, src = random_model(), sources()
+    half = copy.deepcopy(model).bfloat16()
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=3, nbest=3, max_len_b=6, len_penalty=0.0)
+    cached = beam_search(half, src, **options)
+    uncached = beam_search(half, src, use_cache=False, **options)
+    assert [[h.tokens for h in s] for s in cached] == [[h.tokens for h in s] for s in uncached]
+    for row, hyps in zip(src, cached, strict=True):
+        row = row[row.ne(PAD)]
+        for h in hyps:
+            exact = teacher_forced_score(model, row, h.tokens)
+            assert h.score == pytest.approx(exact, abs=0.05 * (len(h.tokens) + 1))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -95,6 +96,23 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
     out = evaluate(eval_cfg([f"ckpt_path='{pair}/*.ckpt'", "decode=greedy"], tmp_path / "c"))
     assert out["checkpoints"] == [str(pair / "a.ckpt"), str(pair / "b.ckpt")]
     assert lines(tmp_path / "c" / "hypotheses.txt") == lines(tmp_path / "a" / "hypotheses.txt")
+
+
+def test_bfloat16_weights(trained, tmp_path) -> None:
+    ckpt, corpus = trained
+    run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "dtype=bfloat16"]
+    metrics = evaluate(eval_cfg(run, tmp_path))
+    assert metrics["dtype"] == "bfloat16"
+    assert len(lines(tmp_path / "hypotheses.txt")) == len(lines(corpus / "test.de"))
+
+
+def test_dtype_is_checked_before_any_work(tmp_path) -> None:
+    missing = f"ckpt_path={tmp_path / 'none.ckpt'}"  # the option is refused first
+    with pytest.raises(ValueError, match="dtype=float16 is for GPUs.*use dtype=bfloat16"):
+        evaluate(eval_cfg([missing, "dtype=float16", "device=cpu"], tmp_path))
+    choices = re.escape("dtype=half is not one of float32 | bfloat16 | float16")
+    with pytest.raises(ValueError, match=choices):
+        evaluate(eval_cfg([missing, "dtype=half"], tmp_path))
 
 
 def test_glob_matching_nothing_is_refused(tmp_path) -> None:

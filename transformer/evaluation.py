@@ -41,6 +41,22 @@ def _device(name: str) -> torch.device:
     return torch.device(name)
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _dtype(name: str, device: torch.device) -> torch.dtype:
+    """The weights' type while decoding (``dtype=``); log-probabilities and beam scores are
+    float32 whatever it is (:class:`transformer.decoding.step.Stepper`)."""
+    if name not in DTYPES:
+        raise ValueError(f"dtype={name} is not one of {' | '.join(DTYPES)}")
+    if name == "float16" and device.type == "cpu":
+        raise ValueError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
+                         "dtype=bfloat16")  # fmt: skip
+    if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ValueError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
+    return DTYPES[name]
+
+
 def checkpoint_paths(ckpt_path: Any) -> list[str]:
     """The checkpoints ``ckpt_path`` names: one path, a list, or glob patterns (sorted matches)."""
     given = list(ckpt_path) if isinstance(ckpt_path, (list, ListConfig)) else [ckpt_path]
@@ -106,13 +122,14 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     analysis = cfg.get("analysis")
     check_analysis(analysis)
     device = _device(cfg.device)
+    dtype = _dtype(cfg.dtype, device)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("hypotheses.txt", "metrics.json"):  # a failed run leaves no earlier results
         (out_dir / name).unlink(missing_ok=True)
     ckpt, paths = _checkpoint(cfg.ckpt_path)
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
-    translator = Translator(model_from_checkpoint(ckpt).to(device), src_tok, tgt_tok)
+    translator = Translator(model_from_checkpoint(ckpt).to(device, dtype), src_tok, tgt_tok)
     decode_settings = OmegaConf.to_container(cfg.decode)
 
     if cfg.input is not None:
@@ -148,6 +165,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "decode": decode_settings,
         "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
         "device": str(device),
+        "dtype": cfg.dtype,
         "checkpoints": paths,
     }
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
