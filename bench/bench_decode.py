@@ -6,16 +6,18 @@ SentencePiece model trained on its training split); the models have the same siz
 weights. Random weights rarely choose eos, so each system is made to produce a set number of tokens
 per sentence: with ``--lengths equal``, exactly ``--length`` for every sentence, in the file's
 order (each step's work the same for all systems); with ``--lengths reference``, as many as its
-reference translation has pieces, in batches of sentences sorted by source length as
-``evaluate.py`` makes them: sentences then end at different steps, as a trained model's do, and a
-decoder that drops finished sentences from the batch does less work. Systems alternate batch by
-batch; the table gives sentences/s and the ratios.
+reference translation has pieces, in batches of sentences sorted by source length: sentences
+then end at different steps, as a trained model's do, and a decoder that drops finished sentences
+from the batch does less work. Batches hold ``--batch`` sentences, or with ``--max-tokens N`` as
+many as ``evaluate.py`` puts in one (N source tokens with padding; its default is 4096, about 200
+Multi30k sentences). Systems alternate batch by batch; the table gives sentences/s and the ratios.
 
     pip install transformers   # only for the MarianMTModel column
     python bench/bench_decode.py --root ../shared/data/multi30k
     python bench/bench_decode.py --root DIR --limit 200 --no-uncached
     python bench/bench_decode.py --root DIR --beam 1 --no-uncached   # greedy
     python bench/bench_decode.py --root DIR --lengths reference --no-uncached
+    python bench/bench_decode.py --root DIR --lengths reference --no-uncached --max-tokens 4096
     python bench/bench_decode.py --root DIR --no-uncached --dtype bfloat16   # every system
 """
 
@@ -53,13 +55,18 @@ def source_batches(
     ids = encode_sources(dm.src_tokenizer, dm.sources(args.split)[: args.limit], limit)
     if args.lengths == "reference":
         lengths = [len(dm.tgt_tokenizer.encode(r)) for r in dm.references(args.split)]
-        order = sorted(range(len(ids)), key=lambda i: len(ids[i]), reverse=True)
     else:
         lengths = [args.length] * len(ids)
-        order = list(range(len(ids)))
-    batches = []
-    for start in range(0, len(order), args.batch):
-        rows = order[start : start + args.batch]
+    order = list(range(len(ids)))
+    if args.lengths == "reference" or args.max_tokens:
+        order.sort(key=lambda i: len(ids[i]), reverse=True)
+    batches, start = [], 0
+    while start < len(order):
+        count = args.batch
+        if args.max_tokens:  # evaluate.py's rule (Translator.translate): the longest source's
+            count = max(1, args.max_tokens // len(ids[order[start]]))
+        rows = order[start : start + count]
+        start += count
         lens = torch.tensor([min(lengths[i], limit - 2) for i in rows], device=device)
         batches.append((pad([ids[i] for i in rows], PAD_ID, device), lens))
     return batches
@@ -88,6 +95,9 @@ def main() -> None:
     p.add_argument("--cache-dir", default="data/cache")
     p.add_argument("--limit", type=int, default=None, help="first N sentences only")
     p.add_argument("--batch", type=int, default=50, help="sentences per batch")
+    p.add_argument("--max-tokens", type=int, default=0,
+                   help="batch as evaluate.py does instead (sorted by source length, at most N "
+                        "source tokens with padding; its default is 4096)")  # fmt: skip
     p.add_argument("--beam", type=int, default=5, help="1 = greedy decoding")
     p.add_argument("--lengths", choices=["equal", "reference"], default="equal")
     p.add_argument("--length", type=int, default=25, help="tokens per sentence (--lengths equal)")
@@ -167,7 +177,7 @@ def main() -> None:
     tokens = sum(int(lens.sum()) for _, lens in batches)
     print(
         f"device={device} threads={torch.get_num_threads()} split={args.split} "
-        f"sentences={sentences} batch={args.batch} beam={args.beam} lengths={args.lengths} "
+        f"sentences={sentences} batches={len(batches)} beam={args.beam} lengths={args.lengths} "
         f"tokens/sentence={tokens / sentences:.1f} "
         f"d_model={args.d_model} layers={args.layers}+{args.layers} vocab={args.vocab} "
         f"dtype={args.dtype}"
@@ -179,7 +189,8 @@ def main() -> None:
     for name in list(systems)[1:]:
         ratios = [b / a for a, b in zip(per_batch["ours, cached"], per_batch[name], strict=True)]
         print(f"speed-up of ours, cached over {name}: {statistics.median(ratios):.2f}x "
-              f"(median of per-batch ratios)")  # fmt: skip
+              f"(median of per-batch ratios; total time "
+              f"{systems_time[name] / systems_time['ours, cached']:.2f}x)")  # fmt: skip
 
 
 if __name__ == "__main__":
