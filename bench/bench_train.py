@@ -22,7 +22,10 @@ Systems:
                          shared and tied embeddings, dropout and activation; Marian's own
                          architecture otherwise: post-norm, embedding scale sqrt(d_model),
                          sinusoidal positions, a final logits bias. Our loss on its logits.
-  eole                   only reported as installed or not (no adapter for its model yet).
+  eole                   when installed (pip install eole): its EncoderDecoderModel of the same
+                         sizes (bench/common.py): pre-norm, shared and tied embeddings,
+                         sinusoidal positions; on CPU its attention is its own matmul-softmax
+                         code (it uses PyTorch's fused kernel on GPUs only).
 
 Model FLOPs of one training step, the same count for every system, from the real (non-pad)
 lengths s_i (source, eos included) and t_i (target = labels, eos included) of the batch's
@@ -58,6 +61,7 @@ peak RSS cannot be split between systems that alternate in one process.
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import importlib.util
 import math
 import statistics
@@ -74,6 +78,7 @@ from torch import Tensor, nn
 
 from bench.common import (
     Batch,
+    EoleLogits,
     MarianLogits,
     TorchTransformer,
     autocast_factory,
@@ -245,12 +250,6 @@ def state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
     return params + sum(t.numel() * t.element_size() for s in state for t in s.values())
 
 
-def eole_status() -> str:
-    if importlib.util.find_spec("eole") is None:
-        return "eole: not installed"
-    return "eole: installed, but not benchmarked (no adapter for its model here yet)"
-
-
 def build_systems(cfg: TransformerConfig, notes: list[str]) -> dict[str, nn.Module]:
     torch.manual_seed(0)
     systems: dict[str, nn.Module] = {
@@ -262,7 +261,11 @@ def build_systems(cfg: TransformerConfig, notes: list[str]) -> dict[str, nn.Modu
         notes.append("MarianMTModel: transformers not installed (pip install -e '.[bench]')")
     else:
         systems["MarianMTModel"] = MarianLogits(cfg)
-    notes.append(eole_status())
+    if importlib.util.find_spec("eole") is None:
+        notes.append("eole: not installed (pip install eole)")
+    else:
+        systems["eole"] = EoleLogits(cfg)
+        notes.append(f"eole {importlib.metadata.version('eole')}: its EncoderDecoderModel")
     return systems
 
 

@@ -85,6 +85,66 @@ class MarianLogits(nn.Module):
         return out.logits
 
 
+class _EoleVocab:
+    """What eole's model builder reads of a vocabulary: its size and the pad token's id."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+
+    def __len__(self) -> int:
+        return self.size
+
+    def __getitem__(self, token: str) -> int:
+        return PAD_ID
+
+
+class EoleLogits(nn.Module):
+    """eole's EncoderDecoderModel of our sizes behind our interface: (src, tgt) -> logits.
+
+    Pre-norm like ours, biases as ours, one embedding shared by encoder, decoder and output,
+    sinusoidal positions, Xavier-uniform weights (eole's ``param_init_method``). eole's feed-forward
+    also drops out after its activation, with the residual dropout's p: that dropout gets our
+    ``activation_dropout`` here, so both models drop the same activations. Needs ``pip install
+    eole`` (in no extra of ours: it brings about 40 packages).
+    """
+
+    def __init__(self, cfg: TransformerConfig) -> None:
+        super().__init__()
+        from types import SimpleNamespace
+
+        from eole.config.models import EmbeddingsConfig, TransformerModelConfig
+        from eole.models.model import EncoderDecoderModel
+
+        d = cfg.d_model
+        model_cfg = TransformerModelConfig(
+            layers=cfg.num_decoder_layers, hidden_size=d, heads=cfg.num_heads,
+            transformer_ff=cfg.d_ff, mlp_activation_fn=cfg.activation, norm_eps=cfg.layer_norm_eps,
+            add_qkvbias=cfg.bias, add_ffnbias=cfg.bias, generator_bias=False,
+            share_embeddings=True, share_decoder_embeddings=True,
+            embeddings=EmbeddingsConfig(
+                src_word_vec_size=d, tgt_word_vec_size=d, position_encoding_type="SinusoidalConcat",
+            ),
+            encoder={"layers": cfg.num_encoder_layers}, decoder={"layers": cfg.num_decoder_layers},
+        )  # fmt: skip
+        running = SimpleNamespace(
+            dropout=[cfg.dropout], attention_dropout=[cfg.attention_dropout],
+            self_attn_backend="pytorch", param_init_method="xavier_uniform", use_ckpting=[],
+        )  # fmt: skip
+        vocab = _EoleVocab(cfg.tgt_vocab_size)
+        self.eole = EncoderDecoderModel.build(
+            model_cfg, {"src": vocab, "tgt": vocab, "specials": {}}, running
+        )
+        self.eole.init_weights(running)
+        for module in self.eole.modules():
+            if hasattr(module, "dropout_1"):  # the feed-forward's dropout after its activation
+                module.dropout_1.p = cfg.activation_dropout
+
+    def forward(self, src: Tensor, tgt: Tensor) -> Tensor:
+        tgt = F.pad(tgt, (0, 1), value=PAD_ID)  # eole's decoder reads all of tgt but the last
+        out = self.eole(src, tgt, src.ne(PAD_ID).sum(1))
+        return self.eole.generator(out.dec_out)
+
+
 def autocast_factory(
     device: torch.device, dtype: str
 ) -> Callable[[], AbstractContextManager[object]]:

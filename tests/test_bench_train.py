@@ -61,7 +61,7 @@ def test_tiny_run_times_every_system(result) -> None:
         assert r.peak_memory_mib is None  # CPU: n/a
         assert (r.ratio is None) == (r.name == "ours")
     assert rows["torch.nn.Transformer"].ratio > 0
-    assert any(note.startswith("eole:") for note in result.notes)
+    assert any(note.startswith("eole") for note in result.notes)  # installed or not
 
 
 def test_marian_is_compared_when_transformers_is_installed(result) -> None:
@@ -69,3 +69,16 @@ def test_marian_is_compared_when_transformers_is_installed(result) -> None:
     pytest.importorskip("transformers", reason=reason)
     rows = {r.name: r for r in result.rows}
     assert rows["MarianMTModel"].tokens_per_s > 0 and rows["MarianMTModel"].ratio > 0
+
+
+def test_eole_model_has_our_sizes_and_interface() -> None:
+    pytest.importorskip("eole", reason="eole is not installed (pip install eole)")
+    from bench.common import EoleLogits
+
+    cfg = model_config("tiny", None, dropout=0.1)
+    eole, ours = EoleLogits(cfg), Transformer(cfg)
+    count = sum(p.numel() for p in eole.parameters())
+    assert abs(count - sum(p.numel() for p in ours.parameters())) / count < 0.02
+    batch = make_batches(1, 500, cfg.tgt_vocab_size, (10, 20), multiple=1)[0]
+    src, tgt_in, _ = batch
+    assert eole(src, tgt_in).shape == (*tgt_in.shape, cfg.tgt_vocab_size)
