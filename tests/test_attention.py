@@ -88,11 +88,11 @@ def test_sdpa_path_equals_explicit_path(cross: bool, causal: bool, num_kv_heads:
 
 
 @pytest.mark.parametrize("autocast", [False, True])
-def test_half_precision_attention_on_cpu_runs_in_float32(autocast: bool) -> None:
-    """bf16 queries, keys and values on CPU (bf16 weights, or fp32 weights under bf16 autocast,
-    which would cast float32 inputs back): the output is float32 attention of those inputs,
-    rounded once to bf16."""
-    q, k, v = (torch.randn(B, H, T, D // H).bfloat16() for _ in range(3))
+def test_half_precision_decoding_step_on_cpu_runs_in_float32(autocast: bool) -> None:
+    """bf16 inference on CPU (decoding, with bf16 weights or under bf16 autocast, which would
+    cast float32 inputs back): float32 attention of those inputs, rounded once."""
+    q = torch.randn(B, H, 1, D // H).bfloat16()
+    k, v = (torch.randn(B, H, T, D // H).bfloat16() for _ in range(2))
     allowed = ~lengths_to_pad_mask([T, 3, 1], T)[:, None, None, :]  # (B, 1, 1, Tk)
     f32 = [t.float() for t in (q, k, v)]
     expected = nn.functional.scaled_dot_product_attention(*f32, attn_mask=allowed).bfloat16()
@@ -100,6 +100,31 @@ def test_half_precision_attention_on_cpu_runs_in_float32(autocast: bool) -> None
         out = attention_module.sdpa(q, k, v, attn_mask=allowed)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, expected)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_half_precision_training_attention_on_cpu_matches_float32(causal: bool) -> None:
+    """bf16 training on CPU (queries that need gradients) runs by hand in bf16 with a float32
+    softmax: float32 attention of the same inputs within bf16 rounding, masks respected."""
+    q, k, v = (torch.randn(B, H, T, D // H).bfloat16().requires_grad_() for _ in range(3))
+    pad = lengths_to_pad_mask([T, 3, 1], T)[:, None, None, :]  # (B, 1, 1, Tk), True = padding
+    allowed = ~pad & causal_allowed(T, T) if causal else ~pad
+    f32 = [t.detach().float() for t in (q, k, v)]
+    expected = nn.functional.scaled_dot_product_attention(*f32, attn_mask=allowed)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = (
+            attention_module.sdpa(q, k, v, attn_mask=~pad, is_causal=False)
+            if not causal
+            else (attention_module.sdpa(q, k, v, attn_mask=allowed))
+        )
+    assert out.dtype == torch.bfloat16
+    torch.testing.assert_close(out.detach().float(), expected, atol=2e-2, rtol=2e-2)
+    out.float().sum().backward()  # gradients flow to every input
+    assert all(t.grad is not None and t.grad.isfinite().all() for t in (q, k, v))
+    if causal:  # is_causal alone builds the same causal mask
+        plain = attention_module.sdpa(q, k, v, is_causal=True)
+        causal_only = nn.functional.scaled_dot_product_attention(*f32, is_causal=True)
+        torch.testing.assert_close(plain.detach().float(), causal_only, atol=2e-2, rtol=2e-2)
 
 
 def test_weights_rows_sum_to_one_masked_keys_zero_causal_lower_triangular() -> None:

@@ -8,8 +8,8 @@ them; it computes the same numbers and doubles as the reference in tests.
 A head mask (``head_mask``, (H,) floats, None by default) scales each head's output before the
 output projection, in both kernels: 0 silences a head (Michel et al. 2019). None costs nothing.
 
-On CPU, bf16/fp16 attention (autocast or half-precision weights) runs in float32 (:func:`sdpa`):
-faster there, and exact up to the output's rounding.
+On CPU, bf16/fp16 attention (autocast or half-precision weights) avoids PyTorch's slow bf16 CPU
+kernel (:func:`sdpa`): by hand in bf16 for training, the float32 kernel for inference.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from torch import Tensor, nn
 
 from transformer.cache import KVCache
 from transformer.config import check_heads
-from transformer.masks import attention_allowed
+from transformer.masks import attention_allowed, causal_allowed
 
 
 def explicit_attention(
@@ -38,20 +38,41 @@ def explicit_attention(
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = scores.softmax(dim=-1)
+    weights = scores.float().softmax(dim=-1).to(v.dtype)  # float32 softmax for bf16 scores
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return F.dropout(weights, dropout_p) @ v, weights
 
 
-def sdpa(q: Tensor, k: Tensor, v: Tensor, **kwargs) -> Tensor:
-    """``F.scaled_dot_product_attention``, run in float32 for bf16/fp16 inputs on CPU: PyTorch's
-    CPU attention kernels are 2-3x slower in bf16 than in float32, casts included (BENCHMARKS.md,
-    "bf16 attention on CPU"). The output keeps the queries' type."""
+def sdpa(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    attn_mask: Tensor | None = None,
+    dropout_p: float = 0.0,
+    is_causal: bool = False,
+    enable_gqa: bool = False,
+) -> Tensor:
+    """``F.scaled_dot_product_attention``, but for bf16/fp16 inputs on CPU, where PyTorch's
+    attention kernel is 2-3x slower in bf16 than in float32 (BENCHMARKS.md, "bf16 attention on
+    CPU"). Training (queries that need gradients) goes through :func:`explicit_attention` (bf16
+    matrix multiplications, float32 softmax), faster still; inference (decoding, cached or not)
+    through the float32 kernel, so that cached and uncached decoding agree. The output keeps the
+    queries' type."""
     if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
-        return F.scaled_dot_product_attention(q, k, v, **kwargs)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,
+            enable_gqa=enable_gqa,
+        )  # fmt: skip
+    if q.requires_grad:
+        if is_causal:
+            attn_mask = causal_allowed(q.size(2), k.size(2), device=q.device)
+        return explicit_attention(q, k, v, attn_mask, dropout_p)[0]
     with torch.autocast("cpu", enabled=False):  # autocast would cast the inputs back
-        out = F.scaled_dot_product_attention(q.float(), k.float(), v.float(), **kwargs)
+        out = F.scaled_dot_product_attention(
+            q.float(), k.float(), v.float(), attn_mask=attn_mask, dropout_p=dropout_p,
+            is_causal=is_causal, enable_gqa=enable_gqa,
+        )  # fmt: skip
     return out.to(q.dtype)
 
 
