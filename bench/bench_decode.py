@@ -40,6 +40,7 @@ from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.decoding import beam_search, greedy_decode
+from transformer.evaluation import DTYPES
 
 
 def source_batches(
@@ -106,7 +107,7 @@ def main() -> None:
     p.add_argument("--layers", type=int, default=6)
     p.add_argument("--d-ff", type=int, default=2048)
     p.add_argument("--vocab", type=int, default=8000)
-    p.add_argument("--dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32",
                    help="every system's weights (evaluate.py's dtype=)")  # fmt: skip
     p.add_argument("--no-uncached", action="store_true", help="skip our uncached decoder")
     p.add_argument("--no-marian", action="store_true", help="skip MarianMTModel")
@@ -119,7 +120,7 @@ def main() -> None:
         num_encoder_layers=args.layers, num_decoder_layers=args.layers, d_ff=args.d_ff,
         share_all_embeddings=True,
     )  # fmt: skip
-    dtype = getattr(torch, args.dtype)
+    dtype = DTYPES[args.dtype]
     ours = Transformer(cfg).to(device, dtype).eval()
     n = args.length
 
