@@ -22,6 +22,7 @@ from torch import Tensor, nn
 
 from transformer.cache import KVCache
 from transformer.config import check_heads
+from transformer.dropout import dropout
 from transformer.masks import attention_allowed, causal_allowed
 
 
@@ -41,7 +42,7 @@ def explicit_attention(
     weights = scores.float().softmax(dim=-1).to(v.dtype)  # float32 softmax for bf16 scores
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
-    return F.dropout(weights, dropout_p) @ v, weights
+    return dropout(weights, dropout_p) @ v, weights
 
 
 def sdpa(

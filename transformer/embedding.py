@@ -7,6 +7,8 @@ import math
 import torch
 from torch import Tensor, nn
 
+from transformer.dropout import Dropout
+
 
 def sinusoidal_table(max_positions: int, d_model: int) -> Tensor:
     """(P, D): sin on even dimensions, cos on odd, wavelengths from 2*pi to 10000*2*pi."""
@@ -32,7 +34,7 @@ class TransformerEmbedding(nn.Module):
         self.register_buffer(
             "positions", sinusoidal_table(max_positions, tokens.embedding_dim), persistent=False
         )
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
         T = tokens.size(1)

@@ -10,6 +10,7 @@ from torch import Tensor, nn
 from transformer.attention import MultiheadAttention
 from transformer.cache import DecoderCache, KVCache
 from transformer.config import TransformerConfig
+from transformer.dropout import Dropout
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
 
@@ -20,7 +21,7 @@ class FeedForward(nn.Module):
         self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.activation = F.relu if cfg.activation == "relu" else F.gelu
-        self.dropout = nn.Dropout(cfg.activation_dropout)
+        self.dropout = Dropout(cfg.activation_dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)
             if fc.bias is not None:
@@ -36,7 +37,7 @@ class Residual(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
         self.norm = nn.LayerNorm(cfg.d_model, eps=cfg.layer_norm_eps)
-        self.dropout = nn.Dropout(cfg.dropout)
+        self.dropout = Dropout(cfg.dropout)
         self.norm_first = cfg.norm_first
 
     def forward(self, x: Tensor, sublayer: Callable[[Tensor], SublayerOut]) -> SublayerOut:
