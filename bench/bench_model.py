@@ -20,7 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 import torch
 
-from bench.common import TorchTransformer, autocast_factory, synchronize, train_step
+from bench.common import (
+    TorchTransformer,
+    autocast_factory,
+    logits_loss,
+    synchronize,
+    train_step,
+)
 from transformer import Transformer, TransformerConfig
 
 PAD, BOS = 0, 2
@@ -84,7 +90,7 @@ def main() -> None:
         for name, model in models.items():  # alternate on the same batch
             synchronize(device)
             start = time.perf_counter()
-            train_step(model, opts[name], batch, autocast)
+            train_step(logits_loss(model), opts[name], batch, tokens, autocast)
             synchronize(device)
             if i >= args.warmup:
                 rates[name].append(tokens / (time.perf_counter() - start))

@@ -1,8 +1,12 @@
 """Training speed: ours vs torch.nn.Transformer vs Hugging Face MarianMTModel (vs eole).
 
 Every system is built with the same sizes, trains from scratch on the same token-budget batches,
-alternating step by step (the order rotates each step), and runs the same step: forward, label-
-smoothed cross entropy over the non-pad targets (fp32), backward, AdamW (fused on CUDA). Per
+alternating step by step (the order rotates each step), and runs a training step: forward, label-
+smoothed cross entropy over the non-pad targets (fp32 log-probabilities), backward, AdamW (fused
+on CUDA). The peers' loss is torch's cross entropy on their full (B, T, V) logits, as a Hugging
+Face or fairseq loop computes it; ours is its own training loss (TranslationModule's): the output
+projection fused with the loss, in chunks, over the non-pad positions only (transformer/loss.py).
+--same-loss gives ours the peers' loss instead, which times the models alone. Per
 system, each the median over the timed steps (robust to a busy machine's stalls): target (non-pad)
 tokens/s, achieved model TFLOP/s and MFU, and the per-batch speed ratio ours / system; and peak
 memory.
@@ -82,6 +86,8 @@ from bench.common import (
     MarianLogits,
     TorchTransformer,
     autocast_factory,
+    logits_loss,
+    own_loss,
     synchronize,
     train_step,
 )
@@ -224,7 +230,7 @@ def make_batches(
     return [fill(src_len[packed[i]], tgt_len[packed[i]], vocab, multiple, g) for i in chosen]
 
 
-def peak_tflops(device: torch.device, dtype: str, n: int = 2048, repeats: int = 3) -> float | None:
+def peak_tflops(device: torch.device, dtype: str, n: int = 2048, repeats: int = 10) -> float | None:
     """Datasheet peak for a known GPU (None for an unknown one); measured on CPU."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
@@ -279,6 +285,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--pad-to-multiple", type=int, default=1)
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: bf16 on CUDA")
     p.add_argument("--compile", action="store_true", help="torch.compile each model")
+    p.add_argument(
+        "--same-loss", action="store_true",
+        help="ours too takes the peers' loss on full logits (times the models alone)",
+    )  # fmt: skip
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--steps", type=int, default=10, help="timed steps per system")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps (compilation) first")
@@ -303,12 +313,16 @@ def main(argv: Sequence[str] | None = None) -> Result:
     cfg = model_config(args.model, args.vocab, args.dropout)
     notes: list[str] = []
     systems = build_systems(cfg, notes)
-    opts, params, runners = {}, {}, {}
+    opts, params, losses = {}, {}, {}
     for name, model in systems.items():
         model.to(device).train()
         params[name] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
-        runners[name] = torch.compile(model) if args.compile else model
+        runner = torch.compile(model) if args.compile else model
+        if name == "ours" and not args.same_loss:
+            losses[name] = own_loss(model, runner, args.label_smoothing)
+        else:
+            losses[name] = logits_loss(runner, args.label_smoothing)
     autocast = autocast_factory(device, dtype)
 
     lengths = (args.min_len, args.max_len)
@@ -318,7 +332,8 @@ def main(argv: Sequence[str] | None = None) -> Result:
     )  # fmt: skip
     batches = [tuple(t.to(device) for t in b) for b in batches]
     timed = batches[args.warmup :]
-    tokens = [int(b[2].ne(PAD_ID).sum()) for b in timed]
+    counts = [int(b[2].ne(PAD_ID).sum()) for b in batches]  # on the host, as the collator does
+    tokens = counts[args.warmup :]
     flops = [batch_flops(cfg, b) for b in timed]
 
     names = list(systems)
@@ -332,7 +347,7 @@ def main(argv: Sequence[str] | None = None) -> Result:
                 torch.cuda.reset_peak_memory_stats(device)
                 base = torch.cuda.memory_allocated(device)
             start = time.perf_counter()
-            train_step(runners[name], opts[name], batch, autocast, args.label_smoothing)
+            train_step(losses[name], opts[name], batch, counts[i], autocast)
             synchronize(device)
             elapsed = time.perf_counter() - start
             if device.type == "cuda":
@@ -385,13 +400,15 @@ def report(
     elif device.type == "cuda":
         peak_source = "datasheet, dense" + (", TF32" if dtype == "fp32" else "")
     else:
-        peak_source = f"measured: best of 3 2048x2048 {dtype} matmuls"
+        peak_source = f"measured: best of 10 2048x2048 {dtype} matmuls"
     print(
         f"device={name} threads={torch.get_num_threads()} dtype={dtype} compile={args.compile} "
         f"torch={torch.__version__}\nmodel={args.model}: d_model={cfg.d_model} "
         f"heads={cfg.num_heads} layers={cfg.num_encoder_layers}+{cfg.num_decoder_layers} "
         f"d_ff={cfg.d_ff} vocab={cfg.tgt_vocab_size} (shared, tied) dropout={cfg.dropout} "
-        f"label_smoothing={args.label_smoothing}\nbatches: budget {args.tokens} tokens, "
+        f"label_smoothing={args.label_smoothing} ours' loss="
+        f"{'full logits, as the peers' if args.same_loss else 'its own (fused, non-pad only)'}\n"
+        f"batches: budget {args.tokens} tokens, "
         f"lengths {args.min_len}-{args.max_len}; per timed batch on average "
         f"{sum(b[0].size(0) for b in timed) / n:.0f} sentences, "
         f"{sum(int(b[0].ne(PAD_ID).sum()) for b in timed) / n:,.0f} source and "

@@ -10,9 +10,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer import TransformerConfig
+from transformer import Transformer, TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.embedding import TransformerEmbedding
+from transformer.loss import label_smoothed_loss
 from transformer.masks import causal_allowed
 
 Batch = tuple[Tensor, Tensor, Tensor]  # right-padded source, decoder input, labels
@@ -154,21 +155,50 @@ def autocast_factory(
     return nullcontext
 
 
-def train_step(
-    model: nn.Module,
-    opt: torch.optim.Optimizer,
-    batch: Batch,
-    autocast: Callable[[], AbstractContextManager[object]],
-    label_smoothing: float = 0.0,
-) -> Tensor:
-    """Forward, cross entropy (mean over non-pad labels) in fp32, backward, optimizer step."""
-    src, tgt_in, labels = batch
-    with autocast():
+LossFn = Callable[[Batch, int], Tensor]  # (batch, its non-pad label count) -> mean loss
+
+
+def logits_loss(model: nn.Module, label_smoothing: float = 0.0) -> LossFn:
+    """The peers' loss: cross entropy in fp32 on the model's full (B, T, V) logits, averaged over
+    the non-pad labels, as a Hugging Face or fairseq training loop computes it."""
+
+    def loss(batch: Batch, num_labels: int) -> Tensor:
+        src, tgt_in, labels = batch
         logits = model(src, tgt_in)
-        loss = F.cross_entropy(
+        return F.cross_entropy(
             logits.flatten(0, 1).float(), labels.flatten(), ignore_index=PAD_ID,
             label_smoothing=label_smoothing,
         )  # fmt: skip
+
+    return loss
+
+
+def own_loss(model: Transformer, runner: nn.Module, label_smoothing: float = 0.0) -> LossFn:
+    """Our training loss, as ``TranslationModule`` computes it: decoder states from ``runner``
+    (the model, or the model compiled), then the output projection fused with the loss over the
+    non-pad positions only (``transformer.loss``), counted on the host (no device sync)."""
+
+    def loss(batch: Batch, num_labels: int) -> Tensor:
+        src, tgt_in, labels = batch
+        hidden = runner(src, tgt_in, return_hidden=True)
+        total, _, _ = label_smoothed_loss(
+            hidden, model.output.weight, labels, label_smoothing, PAD_ID, num_labels
+        )
+        return total / num_labels
+
+    return loss
+
+
+def train_step(
+    loss_fn: LossFn,
+    opt: torch.optim.Optimizer,
+    batch: Batch,
+    num_labels: int,
+    autocast: Callable[[], AbstractContextManager[object]],
+) -> Tensor:
+    """Forward and loss (mean over the ``num_labels`` non-pad labels), backward, optimizer step."""
+    with autocast():
+        loss = loss_fn(batch, num_labels)
     loss.backward()
     opt.step()
     opt.zero_grad(set_to_none=True)  # no gradients held between steps (or by another model)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from bench.bench_train import main, make_batches, matrix_params, model_config, train_flops
+from bench.common import logits_loss, own_loss
 from transformer import Transformer, TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
@@ -62,6 +63,17 @@ def test_tiny_run_times_every_system(result) -> None:
         assert (r.ratio is None) == (r.name == "ours")
     assert rows["torch.nn.Transformer"].ratio > 0
     assert any(note.startswith("eole") for note in result.notes)  # installed or not
+
+
+def test_ours_own_loss_is_the_peers_loss_on_the_same_batch() -> None:
+    """The bench gives ours its own training loss and the peers torch's cross entropy on full
+    logits: the same objective, so the two timings compare like with like."""
+    cfg = model_config("tiny", None, 0.0)
+    model = Transformer(cfg)
+    batch = make_batches(1, 1000, cfg.tgt_vocab_size, (10, 60), 1)[0]
+    n = int(batch[2].ne(PAD_ID).sum())
+    own = own_loss(model, model, 0.1)(batch, n)
+    torch.testing.assert_close(own, logits_loss(model, 0.1)(batch, n))
 
 
 def test_marian_is_compared_when_transformers_is_installed(result) -> None:

@@ -206,8 +206,8 @@ def poison_loss(monkeypatch, bad_batches: set[int]) -> None:
     real = lit_module.label_smoothed_loss
     seen = {"n": 0}
 
-    def loss(logits, labels, epsilon, pad_id):
-        out = real(logits, labels, epsilon, pad_id)
+    def loss(*args, **kwargs):
+        out = real(*args, **kwargs)
         if not torch.is_grad_enabled():  # validation
             return out
         n, seen["n"] = seen["n"], seen["n"] + 1

@@ -13,35 +13,17 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.config import TransformerConfig
 from transformer.errors import NonFiniteLoss
+from transformer.loss import label_smoothed_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.optim import build_optimizer
 from transformer.translate import DecodeOptions, decode_batch
 
 log = logging.getLogger(__name__)
-
-
-def label_smoothed_loss(
-    logits: Tensor, labels: Tensor, epsilon: float, pad_id: int
-) -> tuple[Tensor, Tensor, Tensor]:
-    """Summed label-smoothed cross entropy and summed NLL over non-pad labels, and their count.
-
-    ``(1 - eps) * nll + eps * mean over the vocabulary of -log p``: torch's ``label_smoothing``
-    formula, with the NLL kept apart for perplexity. Computed in fp32 whatever the logits' dtype.
-    Logits (..., V) for labels (...): training passes only the non-pad positions, (N, V) and (N,).
-    The count stays a tensor: reading it would wait for the device.
-    """
-    lprobs = F.log_softmax(logits.float(), dim=-1)  # (..., V)
-    pad = labels.eq(pad_id)  # (...)
-    nll = -lprobs.gather(-1, labels.unsqueeze(-1)).squeeze(-1)  # (...)
-    smooth = -lprobs.mean(-1)  # (...)
-    loss = ((1.0 - epsilon) * nll + epsilon * smooth).masked_fill(pad, 0.0).sum()
-    return loss, nll.masked_fill(pad, 0.0).sum(), pad.logical_not().sum()
 
 
 def host_scalar(x: float) -> Tensor:
@@ -183,14 +165,13 @@ class TranslationModule(L.LightningModule):
 
     def _loss(self, batch) -> tuple[Tensor, Tensor, Tensor]:
         """Loss sum, NLL sum and count over the N non-pad labels; the output projection runs on
-        those positions only: (N, D) -> (N, V) logits, never (B, T, V)."""
+        those positions only, in chunks fused with the loss (never (B, T, V) logits)."""
         hidden = self._hidden_states(self.model, batch.src, batch.tgt_in, batch.src_pad_mask)
-        keep = batch.labels.flatten().ne(self.cfg.pad_id)  # (B*T,)
         # The collator counted the non-pad labels on the host: a static size, no device sync.
-        idx = keep.nonzero_static(size=batch.num_tgt_tokens).squeeze(1)  # (N,)
-        logits = self.model.output(hidden.flatten(0, 1).index_select(0, idx))  # (N, V)
-        labels = batch.labels.flatten().index_select(0, idx)  # (N,)
-        return label_smoothed_loss(logits, labels, self.label_smoothing, self.cfg.pad_id)
+        return label_smoothed_loss(
+            hidden, self.model.output.weight, batch.labels, self.label_smoothing,
+            self.cfg.pad_id, batch.num_tgt_tokens,
+        )  # fmt: skip
 
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self._rng_to_restore is not None:  # first step after a resume: continue the streams

@@ -1,0 +1,103 @@
+"""The fused projection + label-smoothed loss against torch's cross entropy on full logits."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from transformer import loss as loss_module
+from transformer.loss import label_smoothed_loss
+
+PAD = 0
+
+
+def inputs(seed: int = 0) -> tuple[Tensor, Tensor, Tensor]:
+    """States (3, 7, 16), an output projection (50, 16), labels with right padding."""
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(3, 7, 16, generator=g)
+    weight = torch.randn(50, 16, generator=g) / 4
+    labels = torch.randint(1, 50, (3, 7), generator=g)
+    labels[0, 5:] = PAD
+    labels[2, 2:] = PAD
+    return hidden, weight, labels
+
+
+def reference(hidden, weight, labels, epsilon) -> tuple[Tensor, Tensor, Tensor]:
+    logits = (hidden @ weight.T).flatten(0, 1).float()
+    ce = lambda eps: F.cross_entropy(  # noqa: E731
+        logits, labels.flatten(), ignore_index=PAD, label_smoothing=eps, reduction="sum"
+    )
+    return ce(epsilon), ce(0.0).detach(), labels.ne(PAD).sum()
+
+
+def loss_and_grads(fn, hidden, weight, labels, epsilon):
+    hidden = hidden.clone().requires_grad_()
+    weight = weight.clone().requires_grad_()
+    loss, nll, n = fn(hidden, weight, labels, epsilon)
+    (loss / n).backward()
+    return (loss, nll, n), (hidden.grad, weight.grad)
+
+
+@pytest.mark.parametrize("chunk", [1 << 22, 150])  # one chunk; 3 rows a chunk (14 labels: 5)
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_equals_cross_entropy_on_full_logits(monkeypatch, chunk, epsilon):
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", chunk)
+    args = (*inputs(), epsilon)
+    got, got_grads = loss_and_grads(label_smoothed_loss_pad, *args)
+    want, want_grads = loss_and_grads(reference, *args)
+    assert int(got[2]) == 14
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    if epsilon == 0.0:
+        torch.testing.assert_close(got[0], got[1])
+
+
+def label_smoothed_loss_pad(hidden, weight, labels, epsilon, num_labels=None):
+    return label_smoothed_loss(hidden, weight, labels, epsilon, PAD, num_labels)
+
+
+def test_host_count_gives_the_same_result():
+    hidden, weight, labels = inputs(1)
+    a = label_smoothed_loss_pad(hidden, weight, labels, 0.1)
+    b = label_smoothed_loss_pad(hidden, weight, labels, 0.1, num_labels=int(labels.ne(PAD).sum()))
+    torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_bf16_autocast_within_bf16_rounding_of_float32():
+    hidden, weight, labels = inputs(2)
+    want, want_grads = loss_and_grads(reference, hidden, weight, labels, 0.1)
+
+    def under_autocast(*args):
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            return label_smoothed_loss_pad(*args)
+
+    got, got_grads = loss_and_grads(under_autocast, hidden, weight, labels, 0.1)
+    assert got[0].dtype == torch.float32 and got_grads[1].dtype == torch.float32
+    torch.testing.assert_close(got, want, rtol=2e-2, atol=0.1)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
+
+
+def test_no_gradient_work_without_autograd():
+    hidden, weight, labels = inputs(3)
+    weight.requires_grad_()
+    with torch.no_grad():
+        loss, nll, n = label_smoothed_loss_pad(hidden, weight, labels, 0.1)
+    assert not loss.requires_grad
+    want = reference(hidden, weight.detach(), labels, 0.1)
+    torch.testing.assert_close((loss, nll, n), want, rtol=1e-6, atol=1e-5)
+
+
+def test_nll_carries_no_gradient_and_loss_scales_its_gradients():
+    hidden, weight, labels = inputs(4)
+    weight.requires_grad_()
+    loss, nll, _ = label_smoothed_loss_pad(hidden, weight, labels, 0.1)
+    assert not nll.requires_grad
+    (3.0 * loss).backward()
+    once = weight.grad.clone()
+    weight.grad = None
+    label_smoothed_loss_pad(hidden, weight, labels, 0.1)[0].backward()
+    torch.testing.assert_close(once, 3.0 * weight.grad)
