@@ -6,7 +6,8 @@ smoothed cross entropy over the non-pad targets (fp32 log-probabilities), backwa
 on CUDA). The peers' loss is torch's cross entropy on their full (B, T, V) logits, as a Hugging
 Face or fairseq loop computes it; ours is its own training loss (TranslationModule's): the output
 projection fused with the loss, in chunks, over the non-pad positions only (transformer/loss.py).
---same-loss gives ours the peers' loss instead, which times the models alone. Per
+--full-logits-too adds a system "ours, full logits": a copy of ours trained with the peers' loss,
+which times our model alone and, against ours, what the fused loss gains. Per
 system, each the median over the timed steps (robust to a busy machine's stalls): target (non-pad)
 tokens/s, achieved model TFLOP/s and MFU, and the per-batch speed ratio ours / system; and peak
 memory.
@@ -65,6 +66,7 @@ peak RSS cannot be split between systems that alternate in one process.
 from __future__ import annotations
 
 import argparse
+import copy
 import importlib.metadata
 import importlib.util
 import math
@@ -256,13 +258,18 @@ def state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
     return params + sum(t.numel() * t.element_size() for s in state for t in s.values())
 
 
-def build_systems(cfg: TransformerConfig, notes: list[str]) -> dict[str, nn.Module]:
+FULL_LOGITS = "ours, full logits"  # a copy of ours trained with the peers' loss
+
+
+def build_systems(
+    cfg: TransformerConfig, notes: list[str], full_logits_too: bool = False
+) -> dict[str, nn.Module]:
     torch.manual_seed(0)
-    systems: dict[str, nn.Module] = {
-        "ours": Transformer(cfg),
-        # causal mask only, like ours and Marian (right-padded targets need no padding mask)
-        "torch.nn.Transformer": TorchTransformer(cfg, tgt_pad_mask=False),
-    }
+    systems: dict[str, nn.Module] = {"ours": Transformer(cfg)}
+    if full_logits_too:
+        systems[FULL_LOGITS] = copy.deepcopy(systems["ours"])
+    # causal mask only, like ours and Marian (right-padded targets need no padding mask)
+    systems["torch.nn.Transformer"] = TorchTransformer(cfg, tgt_pad_mask=False)
     if importlib.util.find_spec("transformers") is None:
         notes.append("MarianMTModel: transformers not installed (pip install -e '.[bench]')")
     else:
@@ -286,8 +293,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: bf16 on CUDA")
     p.add_argument("--compile", action="store_true", help="torch.compile each model")
     p.add_argument(
-        "--same-loss", action="store_true",
-        help="ours too takes the peers' loss on full logits (times the models alone)",
+        "--full-logits-too", action="store_true",
+        help=f"add '{FULL_LOGITS}': a copy of ours trained with the peers' loss",
     )  # fmt: skip
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--steps", type=int, default=10, help="timed steps per system")
@@ -312,14 +319,14 @@ def main(argv: Sequence[str] | None = None) -> Result:
         torch.backends.cudnn.allow_tf32 = True
     cfg = model_config(args.model, args.vocab, args.dropout)
     notes: list[str] = []
-    systems = build_systems(cfg, notes)
+    systems = build_systems(cfg, notes, args.full_logits_too)
     opts, params, losses = {}, {}, {}
     for name, model in systems.items():
         model.to(device).train()
         params[name] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=device.type == "cuda")
         runner = torch.compile(model) if args.compile else model
-        if name == "ours" and not args.same_loss:
+        if name == "ours":
             losses[name] = own_loss(model, runner, args.label_smoothing)
         else:
             losses[name] = logits_loss(runner, args.label_smoothing)
@@ -406,8 +413,7 @@ def report(
         f"torch={torch.__version__}\nmodel={args.model}: d_model={cfg.d_model} "
         f"heads={cfg.num_heads} layers={cfg.num_encoder_layers}+{cfg.num_decoder_layers} "
         f"d_ff={cfg.d_ff} vocab={cfg.tgt_vocab_size} (shared, tied) dropout={cfg.dropout} "
-        f"label_smoothing={args.label_smoothing} ours' loss="
-        f"{'full logits, as the peers' if args.same_loss else 'its own (fused, non-pad only)'}\n"
+        f"label_smoothing={args.label_smoothing}\n"
         f"batches: budget {args.tokens} tokens, "
         f"lengths {args.min_len}-{args.max_len}; per timed batch on average "
         f"{sum(b[0].size(0) for b in timed) / n:.0f} sentences, "
@@ -431,7 +437,9 @@ def report(
     print(
         "medians over the timed steps; ratio: system's step time / ours on the same batch. "
         "MarianMTModel is post-norm "
-        "with its own embedding scale; torch.nn.Transformer runs pre-norm like ours."
+        "with its own embedding scale; torch.nn.Transformer runs pre-norm like ours. Ours trains "
+        "with its own loss (projection fused with the loss, non-pad positions only), the others "
+        "with cross entropy on full (B, T, V) logits."
     )
     if device.type == "cpu":
         print("peak memory: n/a on CPU (one process's peak RSS cannot be split between systems)")
