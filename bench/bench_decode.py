@@ -41,6 +41,7 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.decoding import beam_search, greedy_decode
 from transformer.evaluation import DTYPES
+from transformer.translate import length_batches
 
 
 def source_batches(
@@ -58,16 +59,15 @@ def source_batches(
         lengths = [len(dm.tgt_tokenizer.encode(r)) for r in dm.references(args.split)]
     else:
         lengths = [args.length] * len(ids)
-    order = list(range(len(ids)))
-    if args.lengths == "reference" or args.max_tokens:
-        order.sort(key=lambda i: len(ids[i]), reverse=True)
-    batches, start = [], 0
-    while start < len(order):
-        count = args.batch
-        if args.max_tokens:  # evaluate.py's rule (Translator.translate): the longest source's
-            count = max(1, args.max_tokens // len(ids[order[start]]))
-        rows = order[start : start + count]
-        start += count
+    if args.max_tokens:  # evaluate.py's batches (Translator.translate)
+        groups = length_batches({i: len(x) for i, x in enumerate(ids)}, args.max_tokens)
+    else:
+        order = list(range(len(ids)))
+        if args.lengths == "reference":
+            order.sort(key=lambda i: len(ids[i]), reverse=True)
+        groups = [order[start : start + args.batch] for start in range(0, len(order), args.batch)]
+    batches = []
+    for rows in groups:
         lens = torch.tensor([min(lengths[i], limit - 2) for i in rows], device=device)
         batches.append((pad([ids[i] for i in rows], PAD_ID, device), lens))
     return batches

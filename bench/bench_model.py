@@ -77,20 +77,21 @@ def main() -> None:
         "torch.nn.Transformer": TorchTransformer(cfg),
         "torch.nn.Transformer, no target padding mask": TorchTransformer(cfg, tgt_pad_mask=False),
     }
-    opts = {}
+    opts, losses = {}, {}
     for name, model in models.items():
         model.to(device).train()
         opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        losses[name] = logits_loss(model)
     autocast = autocast_factory(device, args.dtype)
 
     batches = make_batches(args.warmup + args.steps, args.sentences, args.vocab, device)
     rates: dict[str, list[float]] = {name: [] for name in models}
     for i, batch in enumerate(batches):
         tokens = int(batch[2].ne(PAD).sum())
-        for name, model in models.items():  # alternate on the same batch
+        for name in models:  # alternate on the same batch
             synchronize(device)
             start = time.perf_counter()
-            train_step(logits_loss(model), opts[name], batch, tokens, autocast)
+            train_step(losses[name], opts[name], batch, tokens, autocast)
             synchronize(device)
             if i >= args.warmup:
                 rates[name].append(tokens / (time.perf_counter() - start))

@@ -19,6 +19,7 @@ from transformer.checkpoints import CheckpointError, load_checkpoint
 from transformer.checkpoints import main as average_main
 from transformer.evaluation import evaluate
 from transformer.training import train
+from transformer.translate import length_batches
 
 
 @pytest.fixture(scope="module")
@@ -198,3 +199,12 @@ def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> 
     row = done.stdout.splitlines()[-1].split(" | ")
     assert row[0] == f"| {REPO}" and float(row[1]) > 0 and float(row[2]) > 0
     assert len(row[3].rstrip(" |")) == 32  # one md5: the same translations every run
+
+
+def test_length_batches_fill_the_token_budget_longest_first() -> None:
+    """evaluate.py's batches (bench_decode --max-tokens uses the same): sorted by length, each
+    within max_tokens counting padding, a sentence longer than the budget alone."""
+    lengths = {0: 3, 1: 10, 2: 5, 3: 10, 4: 30}
+    assert length_batches(lengths, 20) == [[4], [1, 3], [2, 0]]
+    assert length_batches(lengths, 1000) == [[4, 1, 3, 2, 0]]
+    assert length_batches({}, 20) == []

@@ -99,8 +99,7 @@ def label_smoothed_loss(
     hidden = hidden.flatten(0, -2).index_select(0, idx)  # (N, D)
     device = hidden.device.type
     if torch.is_autocast_enabled(device):
-        dtype = torch.get_autocast_dtype(device)
-        hidden, weight = hidden.to(dtype), weight.to(dtype)
+        hidden = hidden.to(torch.get_autocast_dtype(device))
     weight = weight.to(hidden.dtype)
     labels = labels.flatten().index_select(0, idx)  # (N,)
     rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // weight.size(0))

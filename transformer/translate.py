@@ -12,6 +12,18 @@ from transformer.decoding import beam_search, greedy_decode
 from transformer.model import Transformer
 
 
+def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
+    """Keys of ``lengths`` (sentence -> source length) in batches, longest sentences first,
+    each at most ``max_tokens`` with padding (longest length x size), at least one sentence."""
+    order = sorted(lengths, key=lengths.__getitem__, reverse=True)
+    batches, start = [], 0
+    while start < len(order):
+        count = max(1, max_tokens // lengths[order[start]])
+        batches.append(order[start : start + count])
+        start += count
+    return batches
+
+
 @dataclass
 class DecodeOptions:
     """How to search; the Hydra group ``decode`` sets these (``decode.beam_size=5``, ...)."""
@@ -57,13 +69,7 @@ class Translator:
         limit = self.model.cfg.max_positions
         encoded = encode_sources(self.src_tokenizer, [lines[i] for i in todo], limit)
         ids = dict(zip(todo, encoded, strict=True))
-        order = sorted(todo, key=lambda i: len(ids[i]), reverse=True)
-        start = 0
-        while start < len(order):
-            longest = len(ids[order[start]])
-            count = max(1, min(len(order) - start, options.max_tokens // longest))
-            batch = order[start : start + count]
-            start += count
+        for batch in length_batches({i: len(ids[i]) for i in todo}, options.max_tokens):
             src = pad([ids[i] for i in batch], self.model.cfg.pad_id, self.device)
             for i, hyps in zip(batch, self._decode(src, options), strict=True):
                 results[i] = hyps
