@@ -32,17 +32,22 @@ class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
-    path = Path(path)
+def _torch_load(path: Path, mmap: bool = False) -> Any:
+    """``torch.load`` to the CPU, tensors and plain values only; any failure a CheckpointError."""
     if not path.is_file():
         raise CheckpointError(f"checkpoint {path} does not exist")
     try:
-        ckpt = torch.load(path, map_location="cpu", weights_only=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=mmap)
     except Exception as err:  # a truncated zip, a pickle of something else, ...
         raise CheckpointError(
             f"checkpoint {path} cannot be read, it is truncated or not a checkpoint "
             f"({type(err).__name__}: {str(err).splitlines()[0]})"
         ) from err
+
+
+def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+    path = Path(path)
+    ckpt = _torch_load(path)
     if (
         not isinstance(ckpt, dict)
         or "state_dict" not in ckpt
@@ -58,6 +63,23 @@ def model_from_checkpoint(ckpt: dict[str, Any]) -> Transformer:
     state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
     model.load_state_dict(state)
     return model
+
+
+def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
+    """The SentencePiece models a checkpoint carries, ``{"src": bytes, "tgt": bytes}``, or None
+    for one without them; the weights are memory-mapped, not read."""
+    path = Path(path)
+    ckpt = _torch_load(path, mmap=True)
+    stored = ckpt.get("tokenizers") if isinstance(ckpt, dict) else None
+    if stored is None:
+        return None
+    models = {
+        side: entry.get("model") if isinstance(entry := stored.get(side), dict) else None
+        for side in ("src", "tgt")
+    }
+    if not all(isinstance(m, bytes) for m in models.values()):
+        raise CheckpointError(f"{path}: its tokenizers entry holds no src and tgt model bytes")
+    return models
 
 
 def tokenizers_from_checkpoint(

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import fields
+
 import numpy as np
 import pytest
 import torch
@@ -48,8 +50,18 @@ def test_lightning_moves_a_batch():
     assert torch.equal(b.src, Collator()(examples()).src)
 
 
-def test_batch_pin_memory_keeps_type():
-    if not torch.cuda.is_available():
-        pytest.skip("pinning memory needs CUDA")
-    b = Collator()(examples()).pin_memory()
-    assert isinstance(b, Batch) and b.src.is_pinned()
+def test_batch_pin_memory_pins_every_tensor(monkeypatch):
+    if not torch.cuda.is_available():  # no pinned memory without CUDA: stand-ins that mark tensors
+        pinned: list[torch.Tensor] = []
+        monkeypatch.setattr(
+            torch.Tensor, "pin_memory", lambda t: pinned.append(t.clone()) or pinned[-1]
+        )
+        monkeypatch.setattr(torch.Tensor, "is_pinned", lambda t: any(t is p for p in pinned))
+    b = Collator()(examples())
+    p = b.pin_memory()
+    assert isinstance(p, Batch) and p.num_tgt_tokens == b.num_tgt_tokens == 8
+    tensors = [f.name for f in fields(Batch) if isinstance(getattr(b, f.name), torch.Tensor)]
+    assert tensors == ["src", "tgt_in", "labels", "src_pad_mask", "tgt_pad_mask", "ids"]
+    for name in tensors:
+        assert getattr(p, name).is_pinned() and not getattr(b, name).is_pinned()
+        assert torch.equal(getattr(p, name), getattr(b, name))

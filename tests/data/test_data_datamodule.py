@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import datasets
+import lightning as L
 import pytest
 import torch
 from hydra.utils import instantiate
@@ -168,6 +170,19 @@ def test_separate_vocabularies(corpus_dir, dm_kwargs):
     assert ".en." in src.model_path.name and ".de." in tgt.model_path.name
     b = next(iter(dm.val_dataloader()))
     assert tgt.decode(b.labels[0].tolist()) == dm.references("val")[int(b.ids[0])]
+
+
+def test_batches_are_pinned_only_for_a_trainer_on_cuda(corpus_dir, dm_kwargs, monkeypatch):
+    dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    cpu_trainer = L.Trainer(
+        accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
+    )
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)  # a GPU that is not used
+    assert not dm.train_dataloader().pin_memory  # the datamodule alone, no trainer
+    dm.trainer = cpu_trainer
+    assert not dm.train_dataloader().pin_memory and not dm.val_dataloader().pin_memory
+    dm.trainer = SimpleNamespace(strategy=SimpleNamespace(root_device=torch.device("cuda", 0)))
+    assert dm.train_dataloader().pin_memory and dm.test_dataloader().pin_memory
 
 
 def test_datamodule_state_resumes_mid_epoch(corpus_dir, dm_kwargs):

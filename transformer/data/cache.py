@@ -34,8 +34,13 @@ def fingerprint(*parts: object) -> str:
     return hashlib.sha1(blob).hexdigest()[:16]
 
 
+def content_digest(data: bytes) -> str:
+    """A short hex digest of a file's contents (as :func:`file_digest` gives for the file)."""
+    return hashlib.sha1(data).hexdigest()[:16]
+
+
 def file_digest(path: str | os.PathLike) -> str:
-    return hashlib.sha1(Path(path).read_bytes()).hexdigest()[:16]
+    return content_digest(Path(path).read_bytes())
 
 
 class _Encode:

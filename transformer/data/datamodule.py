@@ -8,11 +8,17 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
-from transformer.data.cache import TokenizedSplit, build_split, file_digest, fingerprint
+from transformer.atomic import atomic_write
+from transformer.data.cache import (
+    TokenizedSplit,
+    build_split,
+    content_digest,
+    file_digest,
+    fingerprint,
+)
 from transformer.data.collate import Collator, padded_sizes
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.sources import (
@@ -47,6 +53,8 @@ class TranslationDataModule(L.LightningDataModule):
     covers the training split's identity and the tokenizer settings) and
     ``tok/<corpus>.<split>.<src>-<tgt>.<hash>/`` (covering the split's identity, the tokenizer
     files' contents and ``max_len``). A raw file's identity is its path, size and mtime.
+    Tokenizers given by :meth:`use_tokenizers` (a checkpoint's, when resuming) replace the trained
+    ones and are saved as ``spm/<corpus>.<langs>.<hash>.model``, the hash of their contents.
 
     Training pairs with an empty side or more than ``max_len`` pieces on a side are dropped (and
     counted in the log); validation and test splits are kept whole, in corpus order, so that
@@ -116,6 +124,7 @@ class TranslationDataModule(L.LightningDataModule):
         self._texts: dict[str, ParallelText] = {}
         self.src_tokenizer: Tokenizer | None = None
         self.tgt_tokenizer: Tokenizer | None = None
+        self._checkpoint_tokenizers: tuple[Tokenizer, Tokenizer] | None = None
         self._train_sampler: TokenBudgetBatchSampler | None = None
         self._sampler_state: dict[str, int] | None = None
 
@@ -168,6 +177,41 @@ class TranslationDataModule(L.LightningDataModule):
             for lang in (self.src_lang, self.tgt_lang)
         )
 
+    def use_tokenizers(self, src: bytes, tgt: bytes, checkpoint: str | os.PathLike) -> None:
+        """Use the SentencePiece models ``checkpoint`` was trained with (``src``, ``tgt``: their
+        bytes, equal for a joint vocabulary) instead of training them; call before
+        ``prepare_data``/``setup``.
+
+        A model trained again (on another machine, or on files changed or copied since) can map
+        the model's ids to other pieces: a resumed run must use the checkpoint's. Their sizes
+        must be ``vocab_size``.
+        """
+        if self._splits:
+            raise RuntimeError("use_tokenizers() must come before prepare_data() and setup()")
+        if self.joint_vocab and src != tgt:
+            raise DataError(
+                f"checkpoint {checkpoint} has separate source and target tokenizers, but "
+                "data.joint_vocab=true; resume with data.joint_vocab=false, as it was trained"
+            )
+        langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
+        tokenizers = []
+        for side, lang, model in (("source", self.src_lang, src), ("target", self.tgt_lang, tgt)):
+            name = f"{self.source.tag}.{langs if self.joint_vocab else lang}"
+            tok = Tokenizer(
+                self.cache_dir / "spm" / f"{name}.{content_digest(model)}.model",
+                model_proto=model,
+            )
+            if tok.vocab_size != self.vocab_size:
+                raise DataError(
+                    f"the {side} tokenizer of checkpoint {checkpoint} has {tok.vocab_size} "
+                    f"pieces, but data.vocab_size={self.vocab_size}; resume with "
+                    f"data.vocab_size={tok.vocab_size}, the setting it was trained with"
+                )
+            tokenizers.append(tok)
+        src_tok, tgt_tok = tokenizers
+        self._checkpoint_tokenizers = (src_tok, src_tok if self.joint_vocab else tgt_tok)
+        log.info("using the tokenizers of checkpoint %s, not training SentencePiece", checkpoint)
+
     def _split_path(self, split: str, identity: str, tok_digest: str, filtered: bool) -> Path:
         key = fingerprint(identity, tok_digest, self.max_len if filtered else None)
         pair = f"{self.src_lang}-{self.tgt_lang}"
@@ -190,6 +234,36 @@ class TranslationDataModule(L.LightningDataModule):
             self._texts[split] = text
         return self._texts[split]
 
+    def _tokenizers(self, train_identity: str) -> tuple[Tokenizer, Tokenizer]:
+        """The checkpoint's tokenizers (saved into the cache), else those trained on the training
+        split (trained now unless cached)."""
+        if self._checkpoint_tokenizers is not None:
+            for tok in set(self._checkpoint_tokenizers):
+                if not tok.model_path.exists():
+                    _save(tok)
+            return self._checkpoint_tokenizers
+        src_path, tgt_path = self._tokenizer_paths(train_identity)
+        if not (src_path.exists() and tgt_path.exists()):
+            # Read (and so check) every split before any tokenizer training.
+            for s in self._split_list():
+                self._read(s)
+            text = self._read(self.split_names["train"])
+            if self.joint_vocab:
+                train_tokenizer(text.src + text.tgt, src_path, self.vocab_size, self.spm_model_type)
+            else:
+                for path, side in ((src_path, text.src), (tgt_path, text.tgt)):
+                    if not path.exists():
+                        train_tokenizer(side, path, self.vocab_size, self.spm_model_type)
+        src_tok = Tokenizer(src_path)
+        tgt_tok = src_tok if self.joint_vocab else Tokenizer(tgt_path)
+        for tok in {src_tok, tgt_tok}:
+            if tok.vocab_size != self.vocab_size:
+                raise DataError(
+                    f"{tok.model_path} has {tok.vocab_size} pieces, not data.vocab_size="
+                    f"{self.vocab_size}; delete it so it is trained again"
+                )
+        return src_tok, tgt_tok
+
     def _build(self) -> None:
         """Make sure tokenizers and token-id caches exist, building only what is missing, and
         load them."""
@@ -197,28 +271,10 @@ class TranslationDataModule(L.LightningDataModule):
         train = self.split_names["train"]
         source.prepare(splits)
         identities = {s: source.identity(s) for s in splits}
-        src_path, tgt_path = self._tokenizer_paths(identities[train])
-        need_spm = not (src_path.exists() and tgt_path.exists())
-        if need_spm:
-            # Read (and so check) every split before any tokenizer training.
-            for s in splits:
-                self._read(s)
-            text = self._read(train)
-            if self.joint_vocab:
-                train_tokenizer(text.src + text.tgt, src_path, self.vocab_size, self.spm_model_type)
-            else:
-                for path, side in ((src_path, text.src), (tgt_path, text.tgt)):
-                    if not path.exists():
-                        train_tokenizer(side, path, self.vocab_size, self.spm_model_type)
-        self.src_tokenizer = Tokenizer(src_path)
-        self.tgt_tokenizer = self.src_tokenizer if self.joint_vocab else Tokenizer(tgt_path)
-        for tok in {self.src_tokenizer, self.tgt_tokenizer}:
-            if tok.vocab_size != self.vocab_size:
-                raise DataError(
-                    f"{tok.model_path} has {tok.vocab_size} pieces, not data.vocab_size="
-                    f"{self.vocab_size}; delete it so it is trained again"
-                )
-        tok_digest = "+".join(file_digest(p) for p in (src_path, tgt_path))
+        self.src_tokenizer, self.tgt_tokenizer = self._tokenizers(identities[train])
+        tok_digest = "+".join(
+            file_digest(t.model_path) for t in (self.src_tokenizer, self.tgt_tokenizer)
+        )
         paths = {
             s: self._split_path(s, identities[s], tok_digest, filtered=s == train) for s in splits
         }
@@ -270,8 +326,13 @@ class TranslationDataModule(L.LightningDataModule):
             collate_fn=Collator(self.pad_to_multiple, PAD_ID),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
-            pin_memory=torch.cuda.is_available(),
+            pin_memory=self._on_cuda(),
         )
+
+    def _on_cuda(self) -> bool:
+        """Whether the attached trainer runs on a CUDA device (pinned batches copy to it faster;
+        anywhere else pinning is wasted work)."""
+        return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> DataLoader:
         self._train_sampler = self._sampler(self.split("train"), shuffle=True)
@@ -329,3 +390,9 @@ class TranslationDataModule(L.LightningDataModule):
             f"{type(self).__name__}({self.source_name}, {self.src_lang}->{self.tgt_lang}, "
             f"vocab={self.vocab_size}, root={os.fspath(self.root) if self.root else None})"
         )
+
+
+def _save(tok: Tokenizer) -> None:
+    """Write a tokenizer built from bytes to its ``model_path``, atomically."""
+    model = tok.to_bytes()
+    atomic_write(tok.model_path, lambda f: f.write(model))
