@@ -228,3 +228,57 @@ def test_sdpa_is_the_default_and_explicit_path_only_runs_for_weights(monkeypatch
 def test_invalid_head_counts_raise(d_model: int, heads: int, kv_heads, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         MultiheadAttention(d_model, heads, kv_heads)
+
+
+@pytest.mark.parametrize(
+    ("device", "dtype", "head_dim", "masked", "fused"),
+    [
+        ("cpu", torch.float32, 64, True, True),  # CPU's fused kernel takes grouped heads and masks
+        ("cpu", torch.bfloat16, 512, False, True),
+        ("cuda", torch.bfloat16, 64, False, True),  # flash: no mask, half precision
+        ("cuda", torch.float16, 256, False, True),
+        ("cuda", torch.bfloat16, 64, True, False),  # a mask: memory-efficient, equal heads
+        ("cuda", torch.float32, 64, False, False),  # float32: memory-efficient
+        ("cuda", torch.bfloat16, 512, False, False),  # head_dim > 256: memory-efficient
+    ],
+)
+def test_grouped_heads_go_to_sdpa_only_where_a_fused_kernel_takes_them(
+    device: str, dtype: torch.dtype, head_dim: int, masked: bool, fused: bool
+) -> None:
+    assert attention_module.fused_gqa(device, dtype, head_dim, masked) is fused
+
+
+def test_repeat_heads_is_repeat_interleave() -> None:
+    k = torch.randn(B, 2, T, D // H)
+    assert torch.equal(attention_module.repeat_heads(k, H), k.repeat_interleave(H // 2, dim=1))
+    assert attention_module.repeat_heads(k, 2) is k
+
+
+@pytest.mark.parametrize("num_kv_heads", [2, 1])
+def test_repeated_kv_heads_give_what_grouped_heads_give(monkeypatch, num_kv_heads: int) -> None:
+    """The path CUDA takes for masked or float32 grouped-query attention (K/V repeated to the
+    query heads, no enable_gqa), run on CPU: the same outputs in every role."""
+    self_attn = MultiheadAttention(D, H, num_kv_heads).eval()
+    cross = MultiheadAttention(D, H, num_kv_heads, cross=True).eval()
+    x, memory = torch.randn(B, T, D), torch.randn(B, S, D)
+    pad = lengths_to_pad_mask([S, 3, 1], S)
+
+    def outputs() -> list[torch.Tensor]:
+        cache = KVCache()
+        self_attn(x[:, :-1], causal=True, cache=cache)
+        return [
+            self_attn(x, key_padding_mask=lengths_to_pad_mask([T, 4, 2], T))[0],  # encoder
+            self_attn(x, causal=True)[0],  # decoder in training
+            cross(x, memory, key_padding_mask=pad)[0],
+            self_attn(x[:, -1:], causal=True, cache=cache)[0],  # a cached step
+        ]
+
+    grouped = outputs()
+    calls = []
+    real = attention_module.repeat_heads
+    monkeypatch.setattr(attention_module, "fused_gqa", lambda *args: False)
+    monkeypatch.setattr(attention_module, "repeat_heads", lambda *a: calls.append(1) or real(*a))
+    repeated = outputs()
+    assert len(calls) == 2 * 5  # k and v of each of the five SDPA calls
+    for got, want in zip(repeated, grouped, strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

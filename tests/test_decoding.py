@@ -2,10 +2,12 @@
 
 import copy
 import math
+from collections import Counter
 
 import pytest
 import torch
 from torch import nn
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer import Transformer, TransformerConfig
 from transformer.decoding import beam_search, greedy_decode, max_output_lengths
@@ -236,3 +238,47 @@ def test_bfloat16_weights_search_like_float32() -> None:
         for h in hyps:
             exact = teacher_forced_score(model, row, h.tokens)
             assert h.score == pytest.approx(exact, abs=0.05 * (len(h.tokens) + 1))
+
+
+class DeviceTraffic(TorchDispatchMode):
+    """Counts the ops that on a GPU wait for it or copy from the host: ``reads`` of a device
+    value (``item``, ``bool``, ``int``); ops ``sized_by_device`` (``nonzero``, boolean-mask
+    indexing); tensors made ``from_host`` data (``torch.tensor``, a list index). And ``steps``:
+    one log-softmax each."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counts = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        indices = args[1] if name in ("index", "index_put_") else []
+        if name == "_local_scalar_dense":
+            self.counts["reads"] += 1
+        elif name == "nonzero" or any(i is not None and i.dtype == torch.bool for i in indices):
+            self.counts["sized_by_device"] += 1
+        elif name in ("lift_fresh", "lift_fresh_copy"):
+            self.counts["from_host"] += 1
+        elif name == "_log_softmax":
+            self.counts["steps"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("beam_size", [1, 3])
+def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(beam_size):
+    """The one sync of a step reads how many sentences are done; the ids it bans are tensors made
+    once. Counted on CPU, through the ops that a GPU would run."""
+    model, src = random_model(), sources()
+    limits = dict(min_len=4, max_lengths=torch.tensor([4, 5, 6, 7]))
+    with DeviceTraffic() as traffic:
+        if beam_size == 1:
+            out = [strip(row) for row in greedy_decode(model, src, BOS, EOS, **limits).tolist()]
+        else:
+            hyps = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=3, **limits)
+            out = [h[0].tokens for h in hyps]
+    assert len({len(tokens) for tokens in out}) > 1  # sentences left the batch at different steps
+    counts = traffic.counts
+    assert counts["steps"] >= 5
+    assert counts["reads"] == counts["steps"] + 1  # + the longest output, before the loop
+    assert counts["sized_by_device"] == 0
+    assert counts["from_host"] == 2  # the banned ids, once

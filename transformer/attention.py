@@ -9,7 +9,10 @@ A head mask (``head_mask``, (H,) floats, None by default) scales each head's out
 output projection, in both kernels: 0 silences a head (Michel et al. 2019). None costs nothing.
 
 On CPU, bf16/fp16 attention (autocast or half-precision weights) avoids PyTorch's slow bf16 CPU
-kernel (:func:`sdpa`): by hand in bf16 for training, the float32 kernel for inference.
+kernel (:func:`sdpa`): by hand in bf16 for training, the float32 kernel for inference. On CUDA,
+grouped-query attention hands SDPA its grouped key/value heads only where the flash kernel takes
+them (:func:`fused_gqa`); elsewhere they are repeated to the query heads first, so that a masked
+call runs the memory-efficient kernel rather than the math fallback.
 """
 
 from __future__ import annotations
@@ -26,6 +29,29 @@ from transformer.dropout import dropout
 from transformer.masks import attention_allowed, causal_allowed
 
 
+def repeat_heads(x: Tensor, heads: int) -> Tensor:
+    """Grouped keys or values (B, Hkv, T, Dh) -> (B, heads, T, Dh): query head h reads key/value
+    head h // (heads // Hkv), as ``repeat_interleave`` on dim 1 (one copy, no index kernel)."""
+    B, Hkv, T, Dh = x.shape
+    if Hkv == heads:
+        return x
+    return x[:, :, None].expand(B, Hkv, heads // Hkv, T, Dh).reshape(B, heads, T, Dh)
+
+
+def fused_gqa(device_type: str, dtype: torch.dtype, head_dim: int, masked: bool) -> bool:
+    """Whether SDPA with fewer key/value heads than query heads (``enable_gqa=True``) runs a fused
+    kernel rather than the math fallback, which materialises (B, H, Tq, Tk) float32 scores.
+
+    CUDA (PyTorch 2.13): the flash kernel takes grouped heads but no mask, fp16/bf16 only and
+    head_dim <= 256; the memory-efficient kernel (masks, float32) needs as many key/value heads as
+    query heads (cuDNN's, tried first only on some GPUs and cuDNN versions, is not counted on).
+    CPU: its fused kernel takes grouped heads, masked or not. Other devices: left to PyTorch.
+    """
+    if device_type != "cuda":
+        return True
+    return not masked and dtype in (torch.float16, torch.bfloat16) and head_dim <= 256
+
+
 def explicit_attention(
     q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None, dropout_p: float = 0.0
 ) -> tuple[Tensor, Tensor]:
@@ -33,9 +59,7 @@ def explicit_attention(
 
     Weights are exactly 0 at disallowed keys; a row with no allowed key is all zeros (not NaN).
     """
-    if k.size(1) != q.size(1):  # grouped-query: query head h reads key/value head h // group
-        group = q.size(1) // k.size(1)
-        k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    k, v = repeat_heads(k, q.size(1)), repeat_heads(v, q.size(1))  # (B, H, Tk, Dh)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
@@ -59,7 +83,11 @@ def sdpa(
     CPU"). Training (queries that need gradients) goes through :func:`explicit_attention` (bf16
     matrix multiplications, float32 softmax), faster still; inference (decoding, cached or not)
     through the float32 kernel, so that cached and uncached decoding agree. The output keeps the
-    queries' type."""
+    queries' type. Grouped key/value heads that no fused kernel would take (:func:`fused_gqa`)
+    are repeated to the query heads first."""
+    if enable_gqa and not fused_gqa(q.device.type, q.dtype, q.size(-1), attn_mask is not None):
+        k, v = repeat_heads(k, q.size(1)), repeat_heads(v, q.size(1))  # (B, H, Tk, Dh)
+        enable_gqa = False
     if q.device.type != "cpu" or q.dtype not in (torch.bfloat16, torch.float16):
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=attn_mask, dropout_p=dropout_p, is_causal=is_causal,

@@ -7,7 +7,8 @@ remain (fairseq's rule). A sentence is done when it holds ``beam_size`` finished
 reaches its maximum length, ``max_len_a * source_length + max_len_b`` tokens before eos; its rows
 then leave the batch (its cache rows too), so the remaining sentences decode alone. The first step
 runs one row per sentence (its K beams would be K copies), the later ones K. The only host
-synchronisation per step is the check whether some sentence is done.
+synchronisation per step reads how many sentences are done; nothing is copied from the host in the
+loop: the ids it bans are index tensors made before it.
 """
 
 from __future__ import annotations
@@ -89,13 +90,13 @@ def beam_search(
         fin_scores = torch.full((B, K), float("-inf"), device=device)
         fin_tokens = torch.full((B, K, L), pad_id, device=device)
         order = torch.arange(2 * K, device=device)
+        never = torch.tensor([pad_id, bos_id], device=device)  # ids never generated
+        too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
             lprobs = stepper.log_probs(prefixes)  # (n * k, V)
-            lprobs[:, [pad_id, bos_id]] = float("-inf")
-            if t < min_len:
-                lprobs[:, eos_id] = float("-inf")
+            lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
             lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], no_repeat_ngram_size)
             V = lprobs.size(-1)
             if k * V < 2 * K:
@@ -136,15 +137,18 @@ def beam_search(
             # A sentence with K finished hypotheses, or at its length limit, is done: its
             # hypotheses go to the output and its rows leave the batch.
             done = fin_scores[:, -1].isfinite() | last.view(n)  # (n,)
-            if not bool(done.any()):  # the one host synchronisation of a step
+            n_done = int(done.sum())  # the one host synchronisation of a step
+            if n_done == 0:
                 if t > 0 and K > 1:  # (one beam: the rows stay as they are)
                     stepper.reorder(rows.view(-1))
                 continue
-            out_scores[sentence[done]] = fin_scores[done]
-            out_tokens[sentence[done]] = fin_tokens[done]
-            keep = (~done).nonzero().squeeze(1)  # (n',)
-            if keep.numel() == 0:
+            # Index tensors of sizes known on the host: no boolean masks, no further syncs.
+            finished = done.nonzero_static(size=n_done).squeeze(1)  # (n_done,)
+            out_scores[sentence[finished]] = fin_scores[finished]
+            out_tokens[sentence[finished]] = fin_tokens[finished]
+            if n_done == n:
                 break
+            keep = (~done).nonzero_static(size=n - n_done).squeeze(1)  # (n',)
             stepper.reorder(rows[keep].view(-1), sentences=keep)
             sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]

@@ -3,6 +3,7 @@
 Length rules are beam search's: a sentence gets between ``min_len`` and
 ``max_len_a * src_len + max_len_b`` tokens before its eos (its own source length, without padding;
 capped by the model's positions), eos being forced at the limit; bos and pad are never produced.
+As in beam search, the one host synchronisation of a step reads how many sentences finished.
 """
 
 from __future__ import annotations
@@ -74,19 +75,19 @@ def greedy_decode(
         stepper = Stepper(model, src, src_pad_mask)
         sentence = torch.arange(B, device=src.device)  # (n,) the unfinished ones' rows in `out`
         prefixes = torch.full((B, 1), bos_id, device=src.device)  # (n, t + 1)
+        never = torch.tensor([pad_id, bos_id], device=src.device)  # ids never generated
+        too_soon = torch.tensor([pad_id, bos_id, eos_id], device=src.device)  # before min_len
         for t in range(steps):  # t tokens generated so far
             lprobs = stepper.log_probs(prefixes)  # (n, V)
-            lprobs[:, [pad_id, bos_id]] = float("-inf")
-            if t < min_len:
-                lprobs[:, eos_id] = float("-inf")
+            lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
             token = lprobs.argmax(-1).masked_fill(t >= max_len, eos_id)  # (n,)
             out[sentence, t] = token
             prefixes = torch.cat([prefixes, token.unsqueeze(1)], dim=1)
-            finished = token.eq(eos_id)
-            if bool(finished.any()):  # the one host synchronisation of a step
-                keep = (~finished).nonzero().squeeze(1)  # finished rows leave the batch
-                if keep.numel() == 0:
-                    break
+            n, n_done = token.size(0), int(token.eq(eos_id).sum())  # the step's one sync
+            if n_done == n:
+                break
+            if n_done:  # finished rows leave the batch
+                keep = token.ne(eos_id).nonzero_static(size=n - n_done).squeeze(1)  # (n',)
                 stepper.reorder(keep)
                 sentence, prefixes, max_len = sentence[keep], prefixes[keep], max_len[keep]
     return out[:, : t + 1]

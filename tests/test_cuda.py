@@ -1,0 +1,161 @@
+"""What only a GPU can show: the fused loss, attention kernels, decoding, torch.compile and the
+training step on CUDA, in bf16. Skipped without a GPU; run them alone with ``pytest -m cuda``."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from lightning.fabric.utilities.apply_func import move_data_to_device
+from test_attention import lengths_to_pad_mask
+from test_decoding import BOS, EOS, PAD, random_model, sources, strip, teacher_forced_score
+from test_loss import inputs, label_smoothed_loss_pad, loss_and_grads, reference
+from test_train_units import TINY, padded_batch
+from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from transformer import KVCache, MultiheadAttention, Transformer, TransformerConfig
+from transformer import loss as loss_module
+from transformer.decoding import beam_search, greedy_decode
+from transformer.lit_module import TranslationModule, hidden_states
+from transformer.optim import build_optimizer
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+CUDA = torch.device("cuda")
+FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+
+
+def assert_relatively_close(got: Tensor, want: Tensor, tol: float) -> None:
+    """Within ``tol`` of ``want``'s norm: bf16 rounding that differs element by element."""
+    error = (got.float() - want.float()).norm()
+    assert error <= tol * want.float().norm() + 1e-6, f"relative error {error / want.norm():.3g}"
+
+
+@pytest.mark.parametrize("chunk", [1 << 26, 150])  # one chunk; 3 rows a chunk (vocabulary 50)
+def test_fused_loss_in_bf16_autocast_equals_cross_entropy_on_full_logits(monkeypatch, chunk):
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cuda", chunk)
+    hidden, weight, labels = inputs(2)
+    want, want_grads = loss_and_grads(reference, hidden, weight, labels, 0.1)  # float32, CPU
+
+    def under_autocast(*args):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return label_smoothed_loss_pad(*args)
+
+    on_gpu = (t.to(CUDA) for t in (hidden, weight, labels))
+    got, got_grads = loss_and_grads(under_autocast, *on_gpu, 0.1)
+    assert got[0].dtype == torch.float32 and got_grads[1].dtype == torch.float32
+    torch.testing.assert_close(tuple(t.cpu() for t in got), want, rtol=2e-2, atol=0.1)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g.cpu(), w, rtol=5e-2, atol=5e-3)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # training; float32 decoding
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+@pytest.mark.parametrize("padded", [False, True])
+def test_every_attention_call_runs_a_fused_kernel(dtype, num_kv_heads: int, padded: bool):
+    """Each role, MHA and grouped-query, runs flash, memory-efficient or cuDNN attention: with
+    the math fallback excluded, a call that would need it raises "No available kernel"."""
+    H, B, T, S = 4, 3, 13, 11  # head_dim 64; lengths that are not multiples of 8
+    self_attn = MultiheadAttention(64 * H, H, num_kv_heads).to(CUDA, dtype)
+    cross = MultiheadAttention(64 * H, H, num_kv_heads, cross=True).to(CUDA, dtype)
+    src = torch.randn(B, S, 64 * H, device=CUDA, dtype=dtype, requires_grad=True)
+    x = torch.randn(B, T, 64 * H, device=CUDA, dtype=dtype, requires_grad=True)
+    src_pad = lengths_to_pad_mask([S, 7, 3], S).to(CUDA) if padded else None
+    tgt_pad = lengths_to_pad_mask([T, 9, 4], T).to(CUDA) if padded else None
+    with sdpa_kernel(FUSED):
+        # Training: encoder self-attention, causal decoder self-attention (targets are
+        # right-padded: no mask), cross-attention; forward and backward.
+        outputs = [
+            self_attn(src, key_padding_mask=src_pad)[0],
+            self_attn(x, causal=True)[0],
+            cross(x, src, key_padding_mask=src_pad)[0],
+        ]
+        sum(out.float().sum() for out in outputs).backward()
+        # Decoding: cached steps of self- and cross-attention, then two beams a sentence.
+        with torch.no_grad():
+            self_cache, cross_cache = KVCache(), KVCache()
+            self_attn(x[:, :-1], causal=True, cache=self_cache)
+            self_attn(x[:, -1:], causal=True, cache=self_cache, key_padding_mask=tgt_pad)
+            cross(x[:, -1:], src, key_padding_mask=src_pad, cache=cross_cache)
+            beams = x[:, -1:].repeat_interleave(2, dim=0)  # (2B, 1, D): K/V stay (B, Hkv, S, Dh)
+            cross(beams, key_padding_mask=src_pad, cache=cross_cache)
+    torch.cuda.synchronize()
+
+
+def test_bf16_decoding_on_cuda_scores_like_float32_on_cpu():
+    """bf16 weights on the GPU (evaluate.py's dtype=bfloat16): each beam hypothesis scores what
+    the float32 model on CPU gives it, and each greedy token is, for the float32 model, within
+    bf16 rounding of the best one."""
+    model, src = random_model(), sources()
+    half = copy.deepcopy(model).to(CUDA, torch.bfloat16)
+    options = dict(bos_id=BOS, eos_id=EOS, beam_size=3, nbest=3, max_len_b=6, len_penalty=0.0)
+    for row, hyps in zip(src, beam_search(half, src.to(CUDA), **options), strict=True):
+        assert hyps
+        for h in hyps:
+            exact = teacher_forced_score(model, row[row.ne(PAD)], h.tokens)
+            assert h.score == pytest.approx(exact, abs=0.05 * (len(h.tokens) + 1))
+    greedy = greedy_decode(half, src.to(CUDA), BOS, EOS, max_len_b=6).cpu()
+    for row, out in zip(src, greedy.tolist(), strict=True):
+        tokens = strip(out)
+        with torch.no_grad():
+            tgt = torch.tensor([[BOS, *tokens]])
+            lprobs = model(row[row.ne(PAD)][None], tgt)[0, : len(tokens)].log_softmax(-1)
+        lprobs[:, [PAD, BOS]] = float("-inf")
+        lprobs[0, EOS] = float("-inf")  # min_len=1
+        chosen = lprobs.gather(1, torch.tensor([tokens]).T).squeeze(1)  # (t,)
+        assert (chosen >= lprobs.max(-1).values - 0.05).all()
+
+
+def test_compiled_forward_and_backward_equal_eager_on_unaligned_padded_batches():
+    """torch.compile (inductor, dynamic shapes, as ``compile_model``) of the teacher-forced
+    forward, bf16 autocast: the eager states and gradients, for padded lengths that are not
+    multiples of 8 (the masks' rows are not 16-byte aligned), grouped-query attention included."""
+    cfg = {**TINY, "d_model": 128, "num_heads": 2, "num_kv_heads": 1, "d_ff": 256}
+    cfg |= {"num_encoder_layers": 1, "num_decoder_layers": 1}  # compile time is per layer
+    model = Transformer(TransformerConfig(**cfg)).to(CUDA)
+    torch._dynamo.reset()
+    compiled = torch.compile(hidden_states, dynamic=True, backend="inductor")
+    shapes = [(12, 10), (5, 3), (9, 6)], [(6, 13), (2, 4)]  # (B, S, T): (3, 13, 11), (2, 7, 14)
+    for lengths in shapes:
+        batch = move_data_to_device(padded_batch(lengths), CUDA)
+        results = []
+        for forward in (compiled, hidden_states):
+            model.zero_grad(set_to_none=True)
+            with torch.autocast("cuda", dtype=torch.bfloat16):
+                hidden = forward(model, batch.src, batch.tgt_in, batch.src_pad_mask)  # (B, T, D)
+            hidden.float().square().mean().backward()
+            results.append([hidden, *(p.grad for p in model.parameters())])
+        for got, want in zip(*results, strict=True):
+            assert_relatively_close(got, want, 2e-2)
+
+
+def test_training_step_never_waits_for_the_gpu():
+    """Loss (fused, bf16 autocast), backward, gradient clipping and a fused AdamW step run with
+    CUDA's sync debug mode set to error: any host synchronisation would raise."""
+    cfg = {**TINY, "d_model": 128, "num_heads": 2, "num_kv_heads": 1, "d_ff": 256, "dropout": 0.1}
+    module = TranslationModule(cfg).to(CUDA).train()
+    optimizer = build_optimizer(module.model, torch.optim.AdamW, 0.0)
+    assert optimizer.defaults["fused"]
+    batch = move_data_to_device(padded_batch([(5, 2), (3, 9), (8, 4), (2, 6)]), CUDA)
+
+    def step() -> None:
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, _, n = module._loss(batch)
+        (loss / n).backward()
+        torch.nn.utils.clip_grad_norm_(module.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    step()  # warm-up: the optimizer's state and the libraries' handles are made lazily
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        step()
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.cuda.synchronize()
