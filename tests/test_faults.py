@@ -266,11 +266,14 @@ def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpo
 
 
 def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
-    """Two CPU processes, the loss NaN on rank 0 only: both skip (no hang in the all-reduce)."""
+    """Two CPU processes, the loss NaN on rank 0 only: both skip (no hang in the all-reduce).
+    With the GPU defaults: bf16-mixed, fused AdamW skipping in its kernel, clipping."""
     env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={tmp_path}",
         "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
+        "trainer.precision=bf16-mixed", "optim.optimizer.fused=true",
+        "trainer.gradient_clip_val=1.0",
         "+callbacks.poison._target_=fault_kit.PoisonLoss", "+callbacks.poison.rank=0",
         "+callbacks.poison.batches=[1]",
     ]  # fmt: skip

@@ -8,6 +8,7 @@ import logging
 import math
 import os
 import re
+import shutil
 import subprocess
 import sys
 from functools import partial
@@ -21,6 +22,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
+import transformer.data.datamodule
 import transformer.translate
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
@@ -371,6 +373,37 @@ def test_resume_continues_exactly(corpus, tmp_path, accumulate, total, first):
     assert len(want) == total  # logged once per optimizer step
     assert got == pytest.approx(want, abs=1e-6)
     assert val_losses(resumed_rows) == pytest.approx(val_losses(full_rows)[-3:], abs=1e-6)
+
+
+def test_resume_elsewhere_uses_the_checkpoints_tokenizers(corpus, tmp_path, monkeypatch):
+    """Resumed on another machine (a copy of the corpus with new mtimes, another cache, and here
+    a training file that would give another SentencePiece model), training continues with the
+    tokenizers stored in the checkpoint: nothing is retrained, and the run's new checkpoint
+    holds the same models."""
+    common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
+    part = tmp_path / "part"
+    train(compose_cfg([*common, "trainer.max_steps=2"], part))
+    ckpt = part / "checkpoints" / "last.ckpt"
+
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(corpus, elsewhere, ignore=shutil.ignore_patterns("cache"))
+    with open(elsewhere / "train.en", "a", encoding="utf-8") as f:
+        f.write("zebra quartz vortex\n" * 50)  # new words: a retrained model would differ
+    with open(elsewhere / "train.de", "a", encoding="utf-8") as f:
+        f.write("zebra quarz wirbel\n" * 50)
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("SentencePiece was trained again on resume")
+
+    monkeypatch.setattr(transformer.data.datamodule, "train_tokenizer", no_training)
+    moved = [f"data.root={elsewhere}", f"data.cache_dir={elsewhere / 'cache'}"]
+    resumed = tmp_path / "resumed"
+    metrics = train(compose_cfg([*common, *moved, "trainer.max_steps=4", f"ckpt_path={ckpt}"],
+                                resumed))  # fmt: skip
+    assert math.isfinite(metrics["train/loss"])
+    before, after = load_checkpoint(ckpt), load_checkpoint(resumed / "checkpoints" / "last.ckpt")
+    assert after["global_step"] == 4
+    assert after["tokenizers"]["src"]["model"] == before["tokenizers"]["src"]["model"]
 
 
 def _script_env(tmp_path: Path) -> dict[str, str]:

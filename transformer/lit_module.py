@@ -13,6 +13,7 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 
 from transformer.config import TransformerConfig
@@ -20,7 +21,7 @@ from transformer.errors import NonFiniteLoss
 from transformer.loss import label_smoothed_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
-from transformer.optim import build_optimizer
+from transformer.optim import build_optimizer, clip_gradients
 from transformer.translate import DecodeOptions, decode_batch
 
 log = logging.getLogger(__name__)
@@ -120,6 +121,8 @@ class TranslationModule(L.LightningModule):
             token-budget batches of any shape share one graph). Only the training and validation
             loss use it; decoding and attention capture run the model as it is. The weights keep
             their names, so checkpoints load into an uncompiled model.
+        compile_backend: ``torch.compile``'s backend: ``inductor`` generates kernels;
+            ``aot_eager`` traces the same forward and backward graphs and runs them eagerly.
     """
 
     def __init__(
@@ -132,6 +135,7 @@ class TranslationModule(L.LightningModule):
         val_bleu_sentences: int | None = None,
         max_bad_steps: int = 10,
         compile_model: bool = False,
+        compile_backend: str = "inductor",
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
@@ -140,7 +144,9 @@ class TranslationModule(L.LightningModule):
         # A compiled function, not a compiled module: nothing is registered under a new name
         # (no ``_orig_mod.`` in the state dict), and it always runs the current ``self.model``.
         self._hidden_states = (
-            torch.compile(hidden_states, dynamic=True) if compile_model else hidden_states
+            torch.compile(hidden_states, dynamic=True, backend=compile_backend)
+            if compile_model
+            else hidden_states
         )
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         if not 0.0 <= label_smoothing < 1.0:
@@ -223,6 +229,22 @@ class TranslationModule(L.LightningModule):
             optimizer.found_inf = bad.float()  # 1: the fused kernel changes nothing
         elif self.bad_steps_in_a_row:
             optimizer.zero_grad(set_to_none=True)  # no gradients: the optimizer changes nothing
+
+    def configure_gradient_clipping(
+        self,
+        optimizer: torch.optim.Optimizer,
+        gradient_clip_val: float | None = None,
+        gradient_clip_algorithm: str | None = None,
+    ) -> None:
+        """``trainer.gradient_clip_val`` for every precision, optimizer and strategy (Lightning's
+        own clipping refuses fused AdamW under mixed precision: :func:`clip_gradients`); the norm
+        before clipping is logged as ``train/grad_norm`` (a device tensor: no sync here)."""
+        if not gradient_clip_val:
+            return
+        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+        norm = clip_gradients(self.trainer, optimizer, float(gradient_clip_val), algorithm)
+        if norm is not None:
+            self.log("train/grad_norm", norm)
 
     def count_bad_steps(self) -> int:
         """Read the pending NaN/inf flags on the host (one sync), update ``skipped_steps`` and
@@ -358,7 +380,7 @@ def get_rng_states() -> dict[str, Any]:
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state_all()
+        states["cuda"] = torch.cuda.get_rng_state()  # this process's GPU (one per rank)
     return states
 
 
@@ -367,5 +389,8 @@ def set_rng_states(states: dict[str, Any]) -> None:
     kind, keys, pos, has_gauss, cached = states["numpy"]
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     random.setstate(states["python"])
-    if "cuda" in states and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(states["cuda"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):  # checkpoints before 2026-11-22: every visible GPU's state,
+            cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]  # maybe more than here
+        torch.cuda.set_rng_state(cuda)

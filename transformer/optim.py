@@ -1,4 +1,4 @@
-"""Optimizer parameter groups and the learning-rate schedule.
+"""Optimizer parameter groups, gradient clipping and the learning-rate schedule.
 
 Weight decay applies to weight matrices only (``p.dim() >= 2``), never to biases, LayerNorm
 parameters or embeddings (a tied output projection is the target embedding, so it is not decayed
@@ -13,7 +13,11 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from torch import nn
+import lightning as L
+import torch
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch import Tensor, nn
+from torch.distributed.fsdp import FullyShardedDataParallel
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
@@ -50,6 +54,38 @@ def build_optimizer(
     return optimizer(param_groups(model, weight_decay), **kwargs)
 
 
+def clip_gradients(
+    trainer: L.Trainer, optimizer: Optimizer, clip_val: float, algorithm: GradClipAlgorithmType
+) -> Tensor | None:
+    """Clip the gradients of ``optimizer``'s parameters for any precision, optimizer and strategy
+    a run can choose; return their total norm before clipping (``norm``) or None (``value``).
+
+    Lightning (2.6) clips through its precision plugin, which refuses an optimizer that unscales
+    gradients itself (fused AdamW, the default on CUDA) under mixed precision, bf16 included where
+    nothing is scaled, and FSDP's plugin refuses the norm. Here instead:
+
+    * fp16 with a GradScaler and a fused optimizer: the gradients are unscaled first, so the norm
+      is the true one; ``GradScaler.step`` then hands the kernel its ``found_inf`` and no scale.
+      (Lightning has already unscaled them for any other optimizer.)
+    * FSDP: the sharded root module's ``clip_grad_norm_``, the norm over all shards.
+    * otherwise ``torch.nn.utils.clip_grad_norm_``.
+
+    Nothing waits for the device: the norm stays a tensor. A NaN/inf norm leaves NaN gradients in
+    a step that is skipped anyway (its loss was flagged, or the scaler found inf).
+    """
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
+        scaler.unscale_(optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    if algorithm == GradClipAlgorithmType.VALUE:
+        torch.nn.utils.clip_grad_value_(params, clip_val)
+        return None
+    model = trainer.strategy.model
+    if isinstance(model, FullyShardedDataParallel):
+        return model.clip_grad_norm_(clip_val)
+    return torch.nn.utils.clip_grad_norm_(params, clip_val)
+
+
 def inverse_sqrt_factor(step: int, warmup_steps: int) -> float:
     """Multiplier of the peak learning rate after ``step`` optimizer steps.
 
@@ -71,6 +107,7 @@ def warmup_inverse_sqrt(optimizer: Optimizer, warmup_steps: int = 4000) -> Lambd
 
 __all__ = [
     "build_optimizer",
+    "clip_gradients",
     "inverse_sqrt_factor",
     "param_groups",
     "warmup_inverse_sqrt",

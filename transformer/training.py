@@ -24,10 +24,11 @@ from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import ProgressBar
+from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from transformer.atomic import AtomicCheckpointIO
-from transformer.checkpoints import CheckpointError
+from transformer.checkpoints import CheckpointError, read_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.sources import DataError
 from transformer.errors import TrainingStopped
@@ -124,6 +125,12 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
         )
     if not isinstance(cfg.get("compile", False), bool):
         raise ConfigError(f"compile must be true or false, got {cfg.compile!r}")
+    backends = torch._dynamo.list_backends(exclude_tags=())
+    if cfg.get("compile") and cfg.get("compile_backend", "inductor") not in backends:
+        raise ConfigError(
+            f"compile_backend={cfg.compile_backend!r} is not a torch.compile backend; choose one "
+            f"of {', '.join(backends)}"
+        )
     tr = cfg.trainer
     if str(tr.get("precision", "auto")) not in PRECISIONS:
         raise ConfigError(f"trainer.precision={tr.precision!r}; choose one of {PRECISIONS}")
@@ -220,15 +227,34 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
         raise ConfigError(f"invalid data option (data.*): {cause}") from err
 
 
+def on_gpu(trainer_cfg: DictConfig) -> bool:
+    """Whether the trainer will run on a CUDA GPU (``accelerator`` auto picks one if there is)."""
+    accelerator = str(trainer_cfg.get("accelerator", "auto"))
+    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
 def resolve_precision(trainer_cfg: DictConfig) -> str:
     """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed), 32-true on CPU."""
     precision = str(trainer_cfg.get("precision", "auto"))
     if precision != "auto":
         return precision
-    on_gpu = trainer_cfg.get("accelerator", "auto") in ("auto", "gpu", "cuda")
-    if on_gpu and torch.cuda.is_available():
+    if on_gpu(trainer_cfg):
         return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
     return "32-true"
+
+
+def precision_options(trainer_cfg: DictConfig) -> dict[str, Any]:
+    """The Trainer's precision argument, or the plugin that stands for it.
+
+    ``16-mixed`` on CPU trains in float16 with a GradScaler, as it does on GPUs without bf16 (where
+    ``auto`` picks it): Lightning would switch to bf16-mixed instead, with a warning. It is slow
+    (float16 matrix products are far slower than float32 on CPUs), but it is the same path.
+    """
+    precision = resolve_precision(trainer_cfg)
+    if precision != "16-mixed" or on_gpu(trainer_cfg):
+        return {"precision": precision}
+    log.warning("trainer.precision=16-mixed on CPU: float16 is slow here; bf16-mixed is faster")
+    return {"plugins": [MixedPrecision("16-mixed", "cpu")]}
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
@@ -270,6 +296,12 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
+    if cfg.get("ckpt_path"):  # resume with the tokenizers the weights were trained with
+        models = read_tokenizer_models(cfg.ckpt_path)
+        if models is None:
+            log.warning("%s holds no tokenizers: the data's own are used", cfg.ckpt_path)
+        else:
+            datamodule.use_tokenizers(models["src"], models["tgt"], checkpoint=cfg.ckpt_path)
     check_data_root(cfg.data)
     check_writable(output_dirs(cfg))
     if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
@@ -290,6 +322,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         val_bleu_sentences=cfg.validation.bleu_sentences,
         max_bad_steps=int(cfg.loss.max_bad_steps),
         compile_model=cfg.get("compile", False),
+        compile_backend=cfg.get("compile_backend", "inductor"),
     )
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
 
@@ -305,13 +338,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     # max_epochs=null beside another limit means no epoch limit (Lightning caps a run with no
     # max_steps and no Timer at 1000 epochs)
     limits = {"max_epochs": -1} if cfg.trainer.get("max_epochs", -1) is None else {}
+    precision = precision_options(cfg.trainer)
     trainer: L.Trainer = instantiate(
         cfg.trainer,
         **limits,
         callbacks=callbacks,
         logger=loggers or False,
-        precision=resolve_precision(cfg.trainer),
-        plugins=[AtomicCheckpointIO()],  # no checkpoint is ever left half-written
+        precision=precision.get("precision"),
+        # no checkpoint is ever left half-written
+        plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],
     )
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     flat["model.num_parameters"] = module.model.num_parameters()

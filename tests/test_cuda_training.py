@@ -1,0 +1,67 @@
+"""Lightning fits on CUDA with the GPU defaults, through ``train(cfg)`` as ``train.py`` runs them.
+Skipped without a GPU; run them with ``pytest -m cuda``."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+import torch
+from tiny_corpus import compose_cfg, tiny_overrides, write_corpus
+
+from transformer.checkpoints import load_checkpoint
+from transformer.training import train
+
+pytestmark = [
+    pytest.mark.cuda,
+    pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
+]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def on_gpu(corpus: Path) -> list[str]:
+    """The tiny run, with the trainer's defaults (accelerator, precision, fused AdamW, clipping)."""
+    return [o for o in tiny_overrides(corpus) if not o.startswith("trainer.accelerator")]
+
+
+def losses(out_dir: Path) -> list[float]:
+    (path,) = out_dir.glob("csv/version_*/metrics.csv")
+    with open(path) as f:
+        return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
+
+
+def test_default_fit_on_gpu_learns_in_bf16_with_fused_adamw_and_clipping(corpus, tmp_path):
+    made: list[bool | None] = []
+    real_init = torch.optim.AdamW.__init__
+
+    def record(self, *args, **kwargs):
+        made.append(kwargs.get("fused"))
+        real_init(self, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(torch.optim.AdamW, "__init__", record)
+        metrics = train(compose_cfg([*on_gpu(corpus), "trainer.max_steps=40"], tmp_path))
+    assert made == [True]  # fused=null: the fused kernel on CUDA
+    got = losses(tmp_path)
+    assert all(math.isfinite(x) for x in got) and sum(got[-5:]) < sum(got[:5]) - 1.0, got
+    assert math.isfinite(metrics["train/grad_norm"]) and math.isfinite(metrics["val/bleu"])
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert ckpt["global_step"] == 40 and "cuda" in ckpt["rng_states"]
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "16-mixed"])
+def test_fsdp_on_one_gpu_clips_and_writes_its_checkpoint(corpus, tmp_path, precision):
+    overrides = [
+        *on_gpu(corpus), "trainer=fsdp", "trainer.devices=1", f"trainer.precision={precision}",
+        "trainer.max_steps=6", "validation.bleu_sentences=0", "~callbacks.best_checkpoint",
+    ]  # fmt: skip
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["train/grad_norm"])
+    assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 6
