@@ -15,7 +15,7 @@ import torch
 from hydra import compose, initialize_config_dir
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
-from transformer.checkpoints import CheckpointError, load_checkpoint
+from transformer.checkpoints import CheckpointError, average_checkpoints, load_checkpoint
 from transformer.checkpoints import main as average_main
 from transformer.evaluation import evaluate
 from transformer.training import train
@@ -73,6 +73,22 @@ def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     translations = lines(tmp_path / "hypotheses.txt")
     assert translations[:5] == lines(tmp_path / "split" / "hypotheses.txt")[:5]
     assert translations[5] == "" and len(out["translations"]) == 7
+
+
+def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_path) -> None:
+    """A run resumed elsewhere stores the same SentencePiece models under its own cache's file
+    names: its epochs average with the earlier ones. Other models are refused."""
+    ckpt, _ = trained
+    renamed = load_checkpoint(ckpt)
+    for side in ("src", "tgt"):
+        renamed["tokenizers"][side]["name"] = f"elsewhere.{side}.model"
+    torch.save(renamed, tmp_path / "renamed.ckpt")
+    average_main([str(tmp_path / "avg.ckpt"), str(ckpt), str(tmp_path / "renamed.ckpt")])
+    other = load_checkpoint(ckpt)
+    other["tokenizers"]["tgt"]["model"] = other["tokenizers"]["tgt"]["model"] + b"x"
+    torch.save(other, tmp_path / "other.ckpt")
+    with pytest.raises(CheckpointError, match="trained with other tokenizers"):
+        average_checkpoints([ckpt, tmp_path / "other.ckpt"])
 
 
 def test_averaged_checkpoint(trained, tmp_path) -> None:

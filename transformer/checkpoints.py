@@ -65,6 +65,12 @@ def model_from_checkpoint(ckpt: dict[str, Any]) -> Transformer:
     return model
 
 
+def tokenizer_models(ckpt: dict[str, Any]) -> dict[str, bytes | None]:
+    """The SentencePiece model bytes of each side that a loaded checkpoint carries."""
+    stored = ckpt.get("tokenizers") or {}
+    return {side: (stored.get(side) or {}).get("model") for side in ("src", "tgt")}
+
+
 def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
     """The SentencePiece models a checkpoint carries, ``{"src": bytes, "tgt": bytes}``, or None
     for one without them; the weights are memory-mapped, not read."""
@@ -116,7 +122,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
             raise CheckpointError(f"{path} and {first_path} hold models of different configs")
         if ckpt["state_dict"].keys() != first["state_dict"].keys():
             raise CheckpointError(f"{path} and {first_path} hold different sets of weights")
-        if ckpt.get("tokenizers") != first.get("tokenizers"):
+        if tokenizer_models(ckpt) != tokenizer_models(first):  # (names may differ: a resumed
+            # run stores the same models under names of its own cache)
             raise CheckpointError(f"{path} and {first_path} were trained with other tokenizers")
     state = {}
     for key, value in first["state_dict"].items():

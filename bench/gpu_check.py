@@ -1,0 +1,455 @@
+"""Helpers of ``bench/gpu_check.sh`` (the checks to run when a GPU is lent; BENCHMARKS.md).
+
+Each subcommand does one small job for the shell script and prints its result:
+
+    corpus DIR                    a tiny synthetic corpus named like Multi30k's files (dry runs)
+    env                           python, torch, CUDA, GPU, bf16 and package versions (key=value)
+    junit-merge OUT IN...         one JUnit XML from several pytest runs
+    pytest-shards --shard F...    test files in parallel pytest processes (-- pytest options)
+    run-info RUN [--log F]        a training run's state: checkpoint, csv metrics (key=value)
+    max-time [CKPT] SECONDS       trainer.max_time that gives SECONDS more training than CKPT had
+    note KIND LOG                 a one-line result of a bench log for the summary table
+    record-call RUN key=value...  remember one stage-3 training call (its wall time) in RUN
+    recipe-metrics RUN OUT        recipe_metrics.json: training, profiles, evaluations
+    summary STEPS                 the table of the steps run (stage, step, status, seconds, note)
+
+It imports torch only where it needs it, so the quick subcommands start fast.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import gzip
+import importlib
+import importlib.metadata
+import json
+import os
+import platform
+import random
+import re
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+SPLITS = {"train": 400, "val": 16, "test_2016_flickr": 12, "test_2017_flickr": 8,
+          "test_2017_mscoco": 8}  # fmt: skip
+
+
+def cmd_corpus(args: argparse.Namespace) -> None:
+    """``{split}.{en,de}.gz`` for Multi30k's five splits: read by ``data=multi30k`` (the real
+    runs' source) through the same code as the real files."""
+    # The test suite's made-up language pair (German-like words, each the image of one English
+    # word): a few training steps already move the loss, and BLEU has something to score.
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+    from tiny_corpus import WORDS_DE, WORDS_EN
+
+    root = Path(args.dir)
+    root.mkdir(parents=True, exist_ok=True)
+    for seed, (split, n) in enumerate(SPLITS.items()):
+        rng = random.Random(seed)
+        en, de = [], []
+        for _ in range(n):
+            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, 10))]
+            en.append(" ".join(WORDS_EN[i] for i in idx))
+            de.append(" ".join(WORDS_DE[i] for i in idx))
+        for lang, lines in (("en", en), ("de", de)):
+            with gzip.open(root / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
+                f.write("\n".join(lines) + "\n")
+    print(f"synthetic corpus: {', '.join(f'{s} {n}' for s, n in SPLITS.items())} pairs in {root}")
+
+
+def _version(module: str) -> str:
+    """Version and location of an importable module, or why it does not import."""
+    try:
+        mod = importlib.import_module(module)
+    except Exception as err:  # any import failure is the answer
+        return f"NOT IMPORTABLE ({type(err).__name__}: {err})"
+    version = getattr(mod, "__version__", None)
+    if version is None:
+        try:
+            version = importlib.metadata.version(module)
+        except importlib.metadata.PackageNotFoundError:
+            version = "?"
+    where = Path(getattr(mod, "__file__", "") or "?").parent
+    return f"{version} ({where})"
+
+
+def cmd_env(args: argparse.Namespace) -> None:
+    import torch
+
+    lines = {
+        "python": f"{platform.python_version()} ({sys.executable})",
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_cuda": torch.version.cuda,
+        "cudnn": torch.backends.cudnn.version() if torch.backends.cudnn.is_available() else None,
+        "torch_threads": torch.get_num_threads(),
+        "cuda_available": torch.cuda.is_available(),
+    }
+    if torch.cuda.is_available():
+        props = torch.cuda.get_device_properties(0)
+        lines |= {
+            "device_count": torch.cuda.device_count(),
+            "gpu_name": torch.cuda.get_device_name(0),
+            "gpu_capability": ".".join(map(str, torch.cuda.get_device_capability(0))),
+            "gpu_memory_gib": f"{props.total_memory / 2**30:.1f}",
+            "gpu_multiprocessors": props.multi_processor_count,
+            "bf16_supported": torch.cuda.is_bf16_supported(),
+            "flash_sdp_enabled": torch.backends.cuda.flash_sdp_enabled(),
+            "mem_efficient_sdp_enabled": torch.backends.cuda.mem_efficient_sdp_enabled(),
+            "cudnn_sdp_enabled": torch.backends.cuda.cudnn_sdp_enabled(),
+        }
+        device = torch.device("cuda")
+    else:
+        lines["bf16_supported"] = "n/a (no CUDA)"
+        device = torch.device("cpu")
+    # One bf16 attention call with a padding mask (what training runs): a broken kernel or
+    # driver shows here, before any test or training run.
+    try:
+        q = torch.randn(2, 4, 8, 16, device=device, dtype=torch.bfloat16)
+        mask = torch.ones(2, 1, 8, 8, dtype=torch.bool, device=device).tril()
+        out = torch.nn.functional.scaled_dot_product_attention(q, q, q, attn_mask=mask)
+        lines["sdpa_bf16_masked"] = f"ok on {device} (finite: {bool(out.float().isfinite().all())})"
+    except Exception as err:  # a broken kernel or driver: say which
+        lines["sdpa_bf16_masked"] = f"FAILED: {type(err).__name__}: {err}"
+    for module in ("lightning", "triton", "transformers", "sentencepiece", "sacrebleu", "hydra",
+                   "omegaconf", "datasets", "wandb", "pyarrow", "matplotlib", "numpy",
+                   "pytest"):  # fmt: skip
+        lines[module] = _version(module)
+    lines["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    for key, value in lines.items():
+        print(f"{key}={value}")
+
+
+def cmd_junit_merge(args: argparse.Namespace) -> None:
+    """pytest writes one ``<testsuites>`` per run; the merged file holds every run's suite."""
+    import xml.etree.ElementTree as ET
+
+    merged = ET.Element("testsuites")
+    for path in args.inputs:
+        name, _, file = path.partition("=")
+        if not Path(file).is_file():
+            print(f"{file}: missing (pytest did not write it)")
+            continue
+        root = ET.parse(file).getroot()
+        for suite in [root] if root.tag == "testsuite" else list(root):
+            suite.set("name", name)
+            merged.append(suite)
+    ET.ElementTree(merged).write(args.out, encoding="utf-8", xml_declaration=True)
+    totals = {k: sum(int(s.get(k, 0)) for s in merged) for k in ("tests", "failures", "errors")}
+    print(f"junit: {len(merged)} suites, {totals} -> {args.out}")
+
+
+def cmd_pytest_shards(args: argparse.Namespace) -> None:
+    """Several pytest processes at once, one per shard of test files, each with its share of the
+    cores: the GPU-relevant files take minutes one after the other, and the GPU machine has 16
+    cores. Prints every shard's output, writes one JUnit file, and exits with pytest's status
+    (5, no test ran, only if no shard ran one). SIGTERM (the script's time limit) stops them all
+    and still prints what they wrote."""
+    import signal
+    import subprocess
+
+    work = Path(args.junit).parent
+    work.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}
+    procs, logs, junits = [], [], []
+    for i, shard in enumerate(args.shard):
+        files = shard.split()
+        logs.append(work / f"pytest_shard{i}.log")
+        junits.append(work / f"pytest_shard{i}.xml")
+        cmd = [sys.executable, "-m", "pytest", *args.pytest_args, *files,
+               f"--junitxml={junits[-1]}"]  # fmt: skip
+        with open(logs[-1], "w") as log:
+            log.write("# " + " ".join(cmd) + "\n")
+            log.flush()
+            procs.append(subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env))
+
+    def report(codes: list[int | None]) -> None:
+        for log, code in zip(logs, codes, strict=True):
+            print(f"===== {log.name}: exit status {code}")
+            print(log.read_text(errors="replace"), end="")
+        merge = argparse.Namespace(out=args.junit, inputs=[f"units={j}" for j in junits])
+        cmd_junit_merge(merge)
+
+    def stop(signum, frame) -> None:
+        for proc in procs:
+            proc.terminate()
+        report([proc.wait() for proc in procs])
+        sys.exit(124)
+
+    signal.signal(signal.SIGTERM, stop)
+    codes = [proc.wait() for proc in procs]
+    report(codes)
+    failing = [c for c in codes if c not in (0, 5)]
+    sys.exit(failing[0] if failing else (5 if all(c == 5 for c in codes) else 0))
+
+
+def _csv_rows(run: Path) -> list[dict[str, str]]:
+    rows: list[dict[str, str]] = []
+    for path in sorted(run.glob("csv/version_*/metrics.csv")):  # a resumed run adds a version
+        with open(path, newline="") as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def _floats(rows: list[dict[str, str]], key: str) -> list[float]:
+    return [float(r[key]) for r in rows if r.get(key) not in (None, "")]
+
+
+def _load_ckpt(path: Path) -> dict[str, Any]:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False)
+
+
+def run_info(run: Path, log: Path | None = None) -> dict[str, Any]:
+    """What a training run left: its last checkpoint's step, epoch, optimizer and timer, its
+    logged metrics, and (from its log) the precision Lightning chose."""
+    info: dict[str, Any] = {"run": str(run)}
+    last = run / "checkpoints" / "last.ckpt"
+    if last.is_file():
+        ck = _load_ckpt(last)
+        info["global_step"] = ck["global_step"]
+        info["epoch"] = ck["epoch"]  # epochs begun: equals max_epochs once training is complete
+        group = ck["optimizer_states"][0]["param_groups"][0]
+        info["optimizer_fused"] = group.get("fused")
+        timer = ck.get("callbacks", {}).get("Timer")
+        if timer:
+            info["timer_train_s"] = round(timer["time_elapsed"]["train"], 1)
+    else:
+        info["last_ckpt"] = "missing"
+    info["epoch_checkpoints"] = len(list((run / "checkpoints" / "epochs").glob("*.ckpt")))
+    info["attention_analyses"] = len(list((run / "attention").glob("step*")))
+    rows = _csv_rows(run)
+    losses = _floats(rows, "train/loss")
+    speeds = _floats(rows, "train/tokens_per_sec")
+    bleus = _floats(rows, "val/bleu")
+    if losses:
+        info["train_loss_first_last"] = f"{losses[0]:.3f} -> {losses[-1]:.3f}"
+    if speeds:  # the later half: after warm-up (and compilation)
+        info["tokens_per_sec_median"] = round(statistics.median(speeds[len(speeds) // 2 :]))
+    if bleus:
+        info["val_bleu_last"] = round(bleus[-1], 2)
+        info["val_bleu_best"] = round(max(bleus), 2)
+    info["grad_norm_logged"] = bool(_floats(rows, "train/grad_norm"))
+    if log is not None and log.is_file():
+        text = log.read_text(errors="replace")
+        # Lightning 2.6 says "Using bfloat16 Automatic Mixed Precision (AMP)" (or "16bit")
+        amp = re.search(r"Using (\S+) Automatic Mixed Precision", text)
+        names = {"bfloat16": "bf16-mixed", "16bit": "16-mixed"}
+        info["precision"] = names.get(amp.group(1), amp.group(1)) if amp else "32-true (no AMP)"
+        gpu = re.search(r"GPU available: (.*)", text)
+        info["gpu_line"] = gpu.group(1).strip() if gpu else None
+    return info
+
+
+def cmd_run_info(args: argparse.Namespace) -> None:
+    info = run_info(Path(args.run), Path(args.log) if args.log else None)
+    if args.max_epochs is not None:
+        info["finished"] = info.get("epoch", -1) >= args.max_epochs
+    for key, value in info.items():
+        print(f"{key}={value}")
+
+
+def cmd_max_time(args: argparse.Namespace) -> None:
+    """Lightning's Timer counts training time across a resume (its elapsed time is saved in the
+    checkpoint), so a resumed run needs max_time = time already trained + the new budget."""
+    elapsed = 0.0
+    if args.ckpt and args.ckpt != "-":
+        timer = _load_ckpt(Path(args.ckpt)).get("callbacks", {}).get("Timer")
+        elapsed = timer["time_elapsed"]["train"] if timer else 0.0
+    total = int(elapsed + max(args.seconds, 1))
+    days, rest = divmod(total, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, seconds = divmod(rest, 60)
+    print(f"{days:02d}:{hours:02d}:{minutes:02d}:{seconds:02d}")
+
+
+def _table_row(log: str, first_cell: str) -> list[str] | None:
+    for line in log.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if line.startswith("|") and cells and cells[0] == first_cell:
+            return cells
+    return None
+
+
+def cmd_note(args: argparse.Namespace) -> None:
+    """The figure worth a glance in the summary table, from a bench script's output."""
+    log = Path(args.log).read_text(errors="replace") if Path(args.log).is_file() else ""
+    note = "no result line"
+    if args.kind == "train":
+        row = _table_row(log, "ours")
+        if row:  # | system | parameters | tokens/s | peak memory | TFLOP/s | MFU | ratio |
+            others = re.findall(r"^\| (torch\.nn\.Transformer|MarianMTModel) \|.*\| (\S+x) \|$",
+                                log, re.M)  # fmt: skip
+            ratios = "".join(f"; {r} vs {n.split('.')[-1]}" for n, r in others)
+            note = f"ours {row[2]} tok/s, MFU {row[5]}, {row[3]}{ratios}"
+    elif args.kind == "decode":
+        row = _table_row(log, "ours, cached")
+        if row:
+            speedup = re.search(r"over MarianMTModel\.generate: (\S+)", log)
+            note = f"ours {row[2]} sent/s" + (f", {speedup.group(1)} Marian" if speedup else "")
+    elif args.kind == "eval":  # LOG is evaluate.py's metrics.json
+        m = json.loads(log) if log else None
+        if m:
+            note = (f"BLEU {m['bleu']:.2f}, -lc {m['bleu_lc']:.2f}, chrF {m['chrf']:.2f}, "
+                    f"{m['num_sentences']} sentences in {m['translate_seconds']:.1f} s "
+                    f"({len(m['checkpoints'])} checkpoints averaged)")  # fmt: skip
+    elif args.kind == "attention":
+        rows = [line for line in log.splitlines() if re.match(r"\| (train|decode):", line)]
+        note = f"{len(rows)} shapes timed (no masked/padded shapes: the script has none)"
+    print(note)
+
+
+def cmd_record_call(args: argparse.Namespace) -> None:
+    path = Path(args.run) / "gpu_check_calls.json"
+    calls = json.loads(path.read_text()) if path.is_file() else []
+    entry: dict[str, Any] = {}
+    for item in args.items:
+        key, _, value = item.partition("=")
+        try:
+            entry[key] = json.loads(value)
+        except json.JSONDecodeError:
+            entry[key] = value
+    calls.append(entry)
+    path.write_text(json.dumps(calls, indent=1) + "\n")
+
+
+def parse_profile(path: Path) -> dict[str, tuple[int, float]]:
+    """Lightning SimpleProfiler's report: action -> (calls, total seconds)."""
+    rows = {}
+    for line in path.read_text(errors="replace").splitlines():
+        cells = [c.strip() for c in line.split("|")]
+        if len(cells) >= 6 and cells[1] and cells[3].isdigit():
+            try:
+                rows[cells[1]] = (int(cells[3]), float(cells[4]))
+            except ValueError:
+                continue
+    return rows
+
+
+# The profiler rows that say where a recipe's time goes (Lightning's names; the callback's hook
+# is the attention-map cost, the product feature whose price the recipe should show).
+PROFILE_ROWS = {
+    "Total": "profiled_total",
+    "run_training_batch": "training_batches",
+    "[Strategy]SingleDeviceStrategy.validation_step": "validation_steps",
+    "[LightningModule]TranslationModule.on_validation_epoch_end": "validation_scoring",
+    "[Callback]AttentionMapsCallback.on_validation_epoch_end": "attention_maps",
+    "save_checkpoint": "checkpoint_writes",
+    "[_TrainingEpochLoop].train_dataloader_next": "train_data_loading",
+}
+
+
+def cmd_recipe_metrics(args: argparse.Namespace) -> None:
+    run = Path(args.run)
+    calls_path = run / "gpu_check_calls.json"
+    calls = json.loads(calls_path.read_text()) if calls_path.is_file() else []
+    info = run_info(run)
+    info["finished"] = info.get("epoch", -1) >= args.max_epochs
+    info["max_epochs"] = args.max_epochs
+    profile: dict[str, dict[str, float]] = {}
+    for path in sorted(run.glob("fit-profile_call*.txt")):
+        for action, (n, total) in parse_profile(path).items():
+            key = PROFILE_ROWS.get(action)
+            if key:
+                entry = profile.setdefault(key, {"calls": 0, "seconds": 0.0})
+                entry["calls"] += n
+                entry["seconds"] = round(entry["seconds"] + total, 2)
+    maps = profile.get("attention_maps")
+    if maps and info["attention_analyses"]:
+        # the hook runs at every validation but works at every 5th: per analysis, not per call
+        maps["per_analysis_s"] = round(maps["seconds"] / info["attention_analyses"], 2)
+        fit = profile.get("profiled_total", {}).get("seconds")
+        if fit:
+            maps["share_of_profiled_time"] = round(maps["seconds"] / fit, 4)
+    evaluations = {}
+    for path in sorted(run.glob("eval/*/metrics.json")):
+        m = json.loads(path.read_text())
+        wall = path.parent / "wall_seconds"
+        evaluations[path.parent.name] = {
+            "split": m["split"], "bleu": round(m["bleu"], 2), "bleu_lc": round(m["bleu_lc"], 2),
+            "chrf": round(m["chrf"], 2), "signature": m["signature"],
+            "num_sentences": m["num_sentences"], "checkpoints_averaged": len(m["checkpoints"]),
+            "translate_seconds": m["translate_seconds"], "device": m["device"],
+            "dtype": m["dtype"], "beam_size": m["decode"]["beam_size"],
+            "eval_wall_seconds": float(wall.read_text()) if wall.is_file() else None,
+        }  # fmt: skip
+    result = {
+        "recipe": "experiment=multi30k_en_de (model=mini, 100 epochs, last 10 epochs averaged, "
+        "beam 5)",
+        "training": info,
+        "training_calls": calls,
+        "train_process_seconds_total": round(sum(c.get("seconds", 0) for c in calls), 1),
+        "profile": profile,
+        "evaluations": evaluations,
+    }
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(f"recipe metrics -> {args.out}")
+    print(f"finished={info['finished']} epoch={info.get('epoch')} "
+          f"step={info.get('global_step')} val_bleu_last={info.get('val_bleu_last')}")  # fmt: skip
+    if maps:
+        print(f"attention maps: {maps['seconds']} s over {info['attention_analyses']} analyses")
+    for name, e in evaluations.items():
+        print(f"{name}: BLEU {e['bleu']} | -lc {e['bleu_lc']} | chrF {e['chrf']} | translate "
+              f"{e['translate_seconds']} s | wall {e['eval_wall_seconds']} s")  # fmt: skip
+
+
+def cmd_summary(args: argparse.Namespace) -> None:
+    rows = []
+    if Path(args.steps).is_file():
+        rows = [line.rstrip("\n").split("\t") for line in open(args.steps) if line.strip()]
+    lines = ["| stage | step | status | seconds | result |", "|---|---|---|---|---|"]
+    lines += [f"| {' | '.join(r[:5])} |" for r in rows]
+    failed = sum(r[2] not in ("ok", "warn", "skip") for r in rows)
+    lines.append(f"{len(rows)} steps, {failed} failed")
+    text = "\n".join(lines) + "\n"
+    if args.out:
+        Path(args.out).write_text(text)
+    print(text, end="")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("corpus").add_argument("dir")
+    sub.add_parser("env")
+    s = sub.add_parser("junit-merge")
+    s.add_argument("out")
+    s.add_argument("inputs", nargs="+", help="NAME=FILE")
+    s = sub.add_parser("pytest-shards")
+    s.add_argument("--shard", action="append", required=True, help="test files, space-separated")
+    s.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each shard")
+    s.add_argument("--junit", required=True, help="the merged JUnit file")
+    s.add_argument("pytest_args", nargs=argparse.REMAINDER, help="-- then pytest's options")
+    s = sub.add_parser("run-info")
+    s.add_argument("run")
+    s.add_argument("--log")
+    s.add_argument("--max-epochs", type=int)
+    s = sub.add_parser("max-time")
+    s.add_argument("ckpt", help="a checkpoint to resume, or - for a fresh run")
+    s.add_argument("seconds", type=int)
+    s = sub.add_parser("note")
+    s.add_argument("kind", choices=["train", "decode", "attention", "eval"])
+    s.add_argument("log")
+    s = sub.add_parser("record-call")
+    s.add_argument("run")
+    s.add_argument("items", nargs="*")
+    s = sub.add_parser("recipe-metrics")
+    s.add_argument("run")
+    s.add_argument("out")
+    s.add_argument("--max-epochs", type=int, default=100)
+    s = sub.add_parser("summary")
+    s.add_argument("steps")
+    s.add_argument("--out")
+    args = p.parse_args()
+    if getattr(args, "pytest_args", None) and args.pytest_args[0] == "--":
+        args.pytest_args = args.pytest_args[1:]
+    globals()[f"cmd_{args.cmd.replace('-', '_')}"](args)
+
+
+if __name__ == "__main__":
+    main()

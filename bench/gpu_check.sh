@@ -1,0 +1,538 @@
+#!/usr/bin/env bash
+# The checks to run when a GPU is lent (BENCHMARKS.md, "GPU check: what to run when a GPU is lent").
+#
+#   bench/gpu_check.sh 1|2|3|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
+#
+#   1  environment (env.txt), wheels from .whl/ if hydra/datasets/wandb do not import, the CUDA
+#      and GPU-relevant tests (tests.log, tests.xml), smoke runs of the default experiment, eager
+#      and compiled (smoke.log)
+#   2  the bench suite on the GPU: bench_train base and big, eager and --compile; bench_decode as
+#      evaluate.py batches test_2016_flickr; bench_attention (bench.txt)
+#   3  the Multi30k GPU recipe, bounded by trainer.max_time so that the command ends in time; run
+#      again at once (the machine still warm) it resumes from last.ckpt; then the average of the
+#      last 10 epochs, beam 5, on the three test sets (recipe.log, recipe_metrics.json)
+#
+# Every stage ends with a summary table (also summary.txt). Files go to --out DIR, else $OUT (the
+# GPU tool's folder that comes back), else outputs/gpu_check/out: at most 8 over all stages.
+# Each stage keeps within --budget seconds (default 540, under the tool's 10 minutes a command):
+# every step runs under `timeout`, capped by what is left. The exit status is 1 if a step failed.
+#
+# --dry-run runs every step at tiny size on the CPU (tiny model, a synthetic corpus unless
+# --data DIR, bench scripts at their test sizes, pytest --collect-only, torch.compile switched
+# off by TORCHDYNAMO_DISABLE): the command lines of a real run, checked anywhere in a minute or so.
+#
+# The interpreter is $PYTHON, default python3 (the venv's, when one is active).
+set -euo pipefail
+
+usage() {
+  sed -n '2,/^set -euo/p' "$0" | sed -e '$d' -e 's/^# \{0,1\}//'
+  exit "${1:-0}"
+}
+
+STAGE=""
+DRY=0
+OUT_DIR="${OUT:-}"
+BUDGET=540
+DATA_ARG=""
+while (($#)); do
+  case "$1" in
+    1 | 2 | 3 | all) STAGE=$1 ;;
+    --dry-run) DRY=1 ;;
+    --out) OUT_DIR=${2:?--out needs a directory}; shift ;;
+    --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
+    --data) DATA_ARG=${2:?--data needs a directory}; shift ;;
+    -h | --help) usage 0 ;;
+    *) echo "gpu_check.sh: unknown argument '$1'" >&2; usage 2 >&2 ;;
+  esac
+  shift
+done
+[[ -n $STAGE ]] || { echo "gpu_check.sh: name a stage: 1, 2, 3 or all" >&2; usage 2 >&2; }
+[[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; usage 2 >&2; }
+
+cd "$(dirname "$0")/.."
+ROOT=$PWD
+PY=${PYTHON:-python3}
+HELP=("$PY" "$ROOT/bench/gpu_check.py")
+# The project is not pip-installed on the GPU machine: it runs from this checkout.
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+# No network there: wandb logs offline, Hugging Face libraries never try the hub.
+export WANDB_MODE=offline HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1
+export HF_DATASETS_DISABLE_PROGRESS_BARS=1 TOKENIZERS_PARALLELISM=false
+SITE=${GPU_CHECK_SITE:-/tmp/site}  # where the .whl/ wheels go (device-wheels.sh's command)
+
+OUT_DIR=${OUT_DIR:-outputs/gpu_check/out}
+mkdir -p "$OUT_DIR"
+OUT_DIR=$(cd "$OUT_DIR" && pwd)
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/gpu_check.XXXXXX")
+trap 'rm -rf "$TMP"' EXIT
+STEPS=$TMP/steps.tsv
+: >"$STEPS"
+if ((DRY)); then
+  WORK=$TMP/work  # a dry run leaves nothing behind
+else
+  # Ignored by git, so it survives between two commands while the GPU machine stays warm:
+  # stage 3's second call resumes from here.
+  WORK=$ROOT/outputs/gpu_check
+fi
+CACHE_ARGS=()
+((DRY)) && CACHE_ARGS=("data.cache_dir=$TMP/cache")  # real runs share data/cache across stages
+# A dry run checks command lines, not speed: one thread per process, since torch's OpenMP threads
+# stall (a tiny training step 5x slower) when other work shares a 2-core machine.
+((DRY)) && export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+
+# Dry runs: the tiny model on the synthetic corpus (SentencePiece needs a small vocabulary for
+# it), no loader workers, a log line every step (a few steps must show a loss), no sanity check,
+# BLEU on 8 validation sentences, and the attention-map callback kept on but cheap (one type,
+# one probe).
+DRY_TRAIN=()
+DRY_VOCAB=64
+[[ -z $DATA_ARG ]] || DRY_VOCAB=1000  # a real corpus has more characters than 64 pieces hold
+if ((DRY)); then
+  DRY_TRAIN=(model=tiny "data.vocab_size=$DRY_VOCAB" data.num_workers=0 trainer.log_every_n_steps=1
+    trainer.num_sanity_val_steps=0 validation.bleu_sentences=8 "${CACHE_ARGS[@]}"
+    "callbacks.attention_maps.types=[cross]" callbacks.attention_maps.num_probes=1
+    callbacks.attention_maps.stats_sentences=8 callbacks.attention_maps.num_samples=2)
+fi
+
+# ---------------------------------------------------------------------------------------------
+# Steps: each runs under a time limit, appends its output to a log, and leaves a summary row.
+
+STAGE_START=$SECONDS
+CUR=""
+RC=0
+STATUS=ok
+LAST_SECONDS=0
+
+remaining() { echo $((BUDGET - (SECONDS - STAGE_START))); }
+
+# record NAME STATUS SECONDS NOTE: one row of the summary table.
+record() {
+  local note=${4//$'\t'/ }
+  printf '%s\t%s\t%s\t%s\t%s\n' "$CUR" "$1" "$2" "$3" "${note//$'\n'/ }" >>"$STEPS"
+  printf '[gpu_check %s] %-28s %-8s %4ss  %s\n' "$CUR" "$1" "$2" "$3" "${note//$'\n'/ }"
+}
+
+# run_step MAX_SECONDS LOG CMD...: run CMD with its output appended to LOG, under the smaller
+# of MAX_SECONDS and what is left of the stage's budget (less 15 s for the summary). Sets RC,
+# STATUS (ok, FAIL, timeout or skip) and LAST_SECONDS; never stops the script, so that one
+# failing check does not hide the others.
+run_step() {
+  local max=$1 log=$2
+  shift 2
+  local left limit start
+  left=$(($(remaining) - 15))
+  limit=$((max < left ? max : left))
+  if ((limit < 10)); then
+    RC=124 STATUS=skip LAST_SECONDS=0
+    printf '\n$ %s\n# skipped: no time left in the stage budget\n' "$*" >>"$log"
+    return 0
+  fi
+  {
+    printf '\n$'
+    printf ' %q' "$@"
+    printf '\n# time limit %ss\n' "$limit"
+  } >>"$log"
+  start=$SECONDS
+  RC=0
+  # -k: a command that ignores SIGTERM (a stuck CUDA call) is killed 20 s later
+  timeout -k 20 "$limit" "$@" >>"$log" 2>&1 || RC=$?
+  LAST_SECONDS=$((SECONDS - start))
+  printf '# exit status %s after %ss\n' "$RC" "$LAST_SECONDS" >>"$log"
+  case $RC in
+    0) STATUS=ok ;;
+    124 | 137) STATUS=timeout ;;
+    *) STATUS=FAIL ;;
+  esac
+}
+
+# key=value lines of `gpu_check.py run-info` -> the one value asked for.
+kv() { sed -n "s/^$1=//p" "$2" | head -n 1; }
+
+# ---------------------------------------------------------------------------------------------
+# Set-up shared by the stages: packages, GPU, data.
+
+deps_import() { "$PY" -c 'import hydra, omegaconf, datasets, wandb' >/dev/null 2>&1; }
+
+# hydra, datasets and wandb are not on the GPU machine: device-wheels.sh (run beforehand on a
+# machine with a package index) puts their wheels in .whl/, which travels with the tree.
+ensure_deps() {
+  local log=$1
+  if deps_import; then
+    record deps ok 0 "hydra, datasets, wandb import"
+    return 0
+  fi
+  if [[ -d $SITE ]] && PYTHONPATH="$SITE:$PYTHONPATH" deps_import; then
+    export PYTHONPATH="$SITE:$PYTHONPATH"
+    record deps ok 0 "from $SITE (installed by an earlier stage)"
+    return 0
+  fi
+  if ! compgen -G "$ROOT/.whl/*.whl" >/dev/null; then
+    record deps FAIL 0 "hydra/datasets/wandb missing and no .whl/: run ../shared/tools/device-wheels.sh in the repo root beforehand and carry .whl"
+    return 0
+  fi
+  run_step 180 "$log" "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir \
+    --upgrade --target "$SITE" "$ROOT"/.whl/*.whl
+  export PYTHONPATH="$SITE:$PYTHONPATH"
+  if [[ $STATUS == ok ]] && ! deps_import; then
+    STATUS=FAIL
+    "$PY" -c 'import hydra, omegaconf, datasets, wandb' >>"$log" 2>&1 || true
+  fi
+  record deps "$STATUS" "$LAST_SECONDS" "installed $(find "$ROOT/.whl" -name '*.whl' | wc -l) wheels into $SITE"
+}
+
+# A real run needs the GPU: without one every figure would be a CPU figure under a GPU label.
+require_gpu() {
+  ((DRY)) && return 0
+  if ! "$PY" -c 'import sys, torch; sys.exit(not torch.cuda.is_available())' 2>/dev/null; then
+    record gpu FAIL 0 "torch sees no CUDA device; on a CPU machine use --dry-run"
+    finish
+  fi
+}
+
+MULTI30K_FILES=(train val test_2016_flickr test_2017_flickr test_2017_mscoco)
+DATA=""
+ensure_data() {
+  [[ -n $DATA ]] && return 0
+  if [[ -n $DATA_ARG ]]; then
+    DATA=$(cd "$DATA_ARG" && pwd)
+  elif ((DRY)); then
+    DATA=$TMP/multi30k
+    "${HELP[@]}" corpus "$DATA" >/dev/null
+  else
+    DATA=$ROOT/data/multi30k
+  fi
+  local missing=() split lang
+  for split in "${MULTI30K_FILES[@]}"; do
+    for lang in en de; do
+      [[ -f $DATA/$split.$lang.gz ]] || missing+=("$split.$lang.gz")
+    done
+  done
+  if ((${#missing[@]})); then
+    record data FAIL 0 "missing in $DATA: ${missing[*]} (mkdir -p data/multi30k && cp ../shared/data/multi30k/*.gz data/multi30k/, and carry data/multi30k)"
+    finish
+  fi
+  local kind="Multi30k"
+  ((DRY)) && [[ -z $DATA_ARG ]] && kind="synthetic (dry run)"
+  record data ok 0 "$kind corpus in $DATA"
+  mkdir -p "$WORK"  # only now: a run that stops before (no GPU, no data) leaves nothing
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: environment, tests, smoke runs.
+
+stage1() {
+  local env=$OUT_DIR/env.txt tests=$OUT_DIR/tests.log smoke=$OUT_DIR/smoke.log
+  : >"$env"
+  ensure_deps "$env"
+  require_gpu
+  {
+    echo "# gpu_check stage 1, $(date -u +%FT%TZ), dry_run=$DRY, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    if command -v nvidia-smi >/dev/null; then
+      timeout 60 nvidia-smi || echo "nvidia-smi failed: $?"
+      timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm,power.limit --format=csv || true
+    else
+      echo "nvidia-smi: not found"
+    fi
+  } >>"$env" 2>&1
+  run_step 90 "$env" "${HELP[@]}" env
+  record env "$STATUS" "$LAST_SECONDS" "$(grep -E '^(gpu_name|torch|torch_cuda|bf16_supported)=' "$env" | tr '\n' ' ')"
+  ensure_data
+
+  # The tests: those marked `cuda` (alone: they may measure the GPU), then the files whose code
+  # paths a GPU changes (precision, fused optimizer, attention kernels, decoding, training,
+  # evaluation), in three pytest processes at once (minutes one after the other; 16 cores). A
+  # dry run only collects them (seconds instead of minutes on 2 cores).
+  local pytest=(-q -ra --durations=15 -p no:cacheprovider)
+  ((DRY)) && pytest+=(--collect-only)
+  local shards=("tests/test_train.py" "tests/test_evaluate.py tests/test_decoding.py"
+    "tests/test_precision_matrix.py tests/test_loss.py tests/test_attention.py")
+  local present=() absent=() shard f kept
+  for shard in "${shards[@]}"; do
+    kept=""
+    for f in $shard; do
+      if [[ -f $f ]]; then kept+="$f "; else absent+=("$f"); fi
+    done
+    [[ -z $kept ]] || present+=(--shard "$kept")
+  done
+  : >"$tests"
+  # tests that need the real corpus find it here; elsewhere they skip
+  ((DRY)) || export MULTI30K_DIR=$DATA
+  run_step 150 "$tests" "$PY" -m pytest "${pytest[@]}" -m cuda --junitxml "$WORK/junit_cuda.xml"
+  if ((RC == 5)); then  # pytest: no test selected
+    record "pytest -m cuda" warn "$LAST_SECONDS" "no test carries the cuda marker (tests/test_cuda.py missing?)"
+  else
+    record "pytest -m cuda" "$STATUS" "$LAST_SECONDS" "$(pytest_result "$tests")"
+  fi
+
+  # The default experiment as a user starts it, the GPU defaults included (precision auto =
+  # bf16-mixed, fused AdamW, clipping 1.0): 200 steps take it through one epoch's end, hence
+  # validation with BLEU, the attention maps and the epoch checkpoint.
+  : >"$smoke"
+  local steps=200
+  ((DRY)) && steps=4
+  rm -rf "$WORK/smoke" "$WORK/smoke_compile"
+  run_step 150 "$smoke" "$PY" train.py "data.root=$DATA" data.download=false \
+    "trainer.max_steps=$steps" logger=csv "hydra.run.dir=$WORK/smoke" \
+    trainer.enable_progress_bar=false "${DRY_TRAIN[@]}"
+  local status=$STATUS secs=$LAST_SECONDS failed=""
+  [[ $STATUS == ok ]] || failed="$(failure_note "$smoke"); "
+  "${HELP[@]}" run-info "$WORK/smoke" --log "$smoke" >"$TMP/smoke.info" 2>&1 || true
+  cat "$TMP/smoke.info" >>"$smoke"
+  record "smoke: train.py default" "$status" "$secs" "$failed$(smoke_note "$TMP/smoke.info")"
+
+  # After the smoke run, so that a slow test run cannot crowd it out of the stage's budget.
+  local threads=$(($(nproc) / 3))
+  ((threads >= 1)) || threads=1
+  run_step 300 "$tests" "${HELP[@]}" pytest-shards --threads "$threads" \
+    --junit "$WORK/junit_units.xml" "${present[@]}" -- "${pytest[@]}"
+  local note
+  note=$(pytest_result "$tests")
+  ((${#absent[@]} == 0)) || note+="; not in this tree: ${absent[*]}"
+  record "pytest GPU-relevant files" "$STATUS" "$LAST_SECONDS" "$note"
+  "${HELP[@]}" junit-merge "$OUT_DIR/tests.xml" "cuda=$WORK/junit_cuda.xml" \
+    "units=$WORK/junit_units.xml" >>"$tests" 2>&1 || true
+
+  # The same with compile=true (dynamic shapes, padded to multiples of 8, as the README's GPU
+  # switches say): does inductor compile our model on this GPU, and what does it gain? A dry run
+  # disables dynamo, so only the options are checked.
+  local compile_env=()
+  ((DRY)) && compile_env=(env TORCHDYNAMO_DISABLE=1) steps=2  # dry: no validation either
+  ((DRY)) || steps=150
+  run_step 200 "$smoke" "${compile_env[@]}" "$PY" train.py "data.root=$DATA" \
+    data.download=false "trainer.max_steps=$steps" logger=csv "hydra.run.dir=$WORK/smoke_compile" \
+    trainer.enable_progress_bar=false compile=true data.pad_to_multiple=8 "${DRY_TRAIN[@]}"
+  status=$STATUS secs=$LAST_SECONDS failed=""
+  [[ $STATUS == ok ]] || failed="$(failure_note "$smoke"); "
+  "${HELP[@]}" run-info "$WORK/smoke_compile" --log "$smoke" >"$TMP/compile.info" 2>&1 || true
+  cat "$TMP/compile.info" >>"$smoke"
+  record "smoke: compile=true" "$status" "$secs" "$failed$(smoke_note "$TMP/compile.info")"
+}
+
+# pytest's result lines ("170 passed, 9 skipped in 80s", "179 tests collected in 4s") of the
+# step last appended to LOG, one per pytest process.
+pytest_result() {
+  awk '/^\$ /{buf=""} /(passed|failed|error|collected|no tests ran).* in [0-9.]+s/{buf=buf $0 "; "} END{printf "%s", buf}' "$1"
+}
+
+smoke_note() {
+  local f=$1
+  echo "step $(kv global_step "$f"), $(kv precision "$f"), fused=$(kv optimizer_fused "$f"), loss $(kv train_loss_first_last "$f"), $(kv tokens_per_sec_median "$f") tok/s, val/bleu $(kv val_bleu_last "$f"), maps $(kv attention_analyses "$f")"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the bench suite.
+
+stage2() {
+  local bench=$OUT_DIR/bench.txt
+  : >"$bench"
+  ensure_deps "$bench"
+  require_gpu
+  ensure_data
+  echo "# gpu_check stage 2, $(date -u +%FT%TZ), dry_run=$DRY" >>"$bench"
+
+  # bench_train: ours against torch.nn.Transformer and MarianMTModel (and ours on full logits),
+  # bf16 autocast, ~25k-token batches padded to multiples of 8 (the GPU setting), 3 warm-up and
+  # 10 timed steps. A dry run: the tiny size its test uses.
+  local size_args=(--device cuda --tokens 25000)
+  ((DRY)) && size_args=(--device cpu --tokens 1000 --warmup 1 --steps 1 --peak-tflops 1)
+  local train=("$PY" bench/bench_train.py --dtype bf16 --pad-to-multiple 8 "${size_args[@]}")
+  local compile_env=()
+  ((DRY)) && compile_env=(env TORCHDYNAMO_DISABLE=1)
+  local model size
+  for size in base big; do
+    model=$size
+    ((DRY)) && model=tiny
+    run_step 150 "$bench" "${train[@]}" --model "$model" --full-logits-too
+    record "bench_train $size bf16" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
+  done
+
+  # bench_decode: beam 5, bf16 weights, test_2016_flickr in evaluate.py's batches (4096 source
+  # tokens) with the reference lengths (sentences end at different steps, as a trained model's
+  # do), then equal lengths (the cost of one step alone). Marian when transformers imports.
+  local marian=()
+  "$PY" -c 'import transformers' >/dev/null 2>&1 || marian=(--no-marian)
+  local decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
+    --dtype bfloat16 --max-tokens 4096 --no-uncached "${marian[@]}")
+  if ((DRY)); then
+    decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
+      --dtype bfloat16 --max-tokens 64 --no-uncached "${marian[@]}" --cache-dir "$TMP/cache"
+      --limit 12 --vocab "$DRY_VOCAB" --d-model 32 --heads 2 --layers 1 --d-ff 64 --length 4)
+  fi
+  local lengths
+  for lengths in reference equal; do
+    run_step 150 "$bench" "${decode[@]}" --lengths "$lengths"
+    record "bench_decode $lengths" "$STATUS" "$LAST_SECONDS" "$(bench_note decode "$bench")"
+  done
+
+  # bench_attention: its four fixed shapes (two training, two decoding), float32 vs bf16; the
+  # script has no option for padded/masked shapes.
+  local device=cuda repeat=30
+  ((DRY)) && device=cpu repeat=1
+  run_step 90 "$bench" "$PY" bench/bench_attention.py --device "$device" --repeat "$repeat"
+  record "bench_attention" "$STATUS" "$LAST_SECONDS" "$(bench_note attention "$bench")"
+
+  # Last, as they take longest (torch.compile of every system; each gets what is left).
+  for size in base big; do
+    model=$size
+    ((DRY)) && model=tiny
+    run_step 240 "$bench" "${compile_env[@]}" "${train[@]}" --model "$model" --compile
+    record "bench_train $size --compile" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
+  done
+}
+
+# The output of the step last appended to LOG (after its last "$ " command line).
+last_section() { awk '/^\$ /{buf=""} {buf=buf $0 "\n"} END{printf "%s", buf}' "$1"; }
+
+# Why the step last appended to LOG failed: its last error line, else its exit status.
+failure_note() {
+  local line
+  line=$(last_section "$1" | grep -E '^error:|Error|Exception|Killed' | tail -n 1 | cut -c1-300) || true
+  echo "${line:-exit status $RC}"
+}
+
+# The note of the bench output just appended to LOG.
+bench_note() {
+  local kind=$1 log=$2
+  if [[ $STATUS == ok ]]; then
+    last_section "$log" >"$TMP/last_bench.txt"
+    "${HELP[@]}" note "$kind" "$TMP/last_bench.txt"
+  else
+    failure_note "$log"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3: the Multi30k GPU recipe, resumable across calls, then its evaluation.
+
+EVAL_RESERVE=75   # three evaluate.py runs on the GPU (load, beam 5, score), with margin
+STARTUP_RESERVE=45  # train.py before the Timer starts (imports, data, sanity check) and after it
+
+stage3() {
+  local log=$OUT_DIR/recipe.log run=$WORK/recipe max_epochs=100 max_calls=1
+  # A dry run trains 2 epochs (3 steps each) in two calls, the first cut after 4 steps, inside the
+  # second epoch (as max_time cuts a real one): the resume runs too, and the averaged epochs
+  # span it, as the real recipe's last 10 do when a second call trains fewer than 10.
+  ((DRY)) && max_epochs=2 max_calls=2
+  : >"$log"
+  ensure_deps "$log"
+  require_gpu
+  ensure_data
+  echo "# gpu_check stage 3, $(date -u +%FT%TZ), dry_run=$DRY, run dir $run" >>"$log"
+  local epochs=()
+  ((DRY)) && epochs=("trainer.max_epochs=$max_epochs")
+
+  local calls=0 finished=False info=$TMP/recipe.info train_failed=0
+  while :; do
+    if [[ -f $run/checkpoints/last.ckpt ]]; then
+      "${HELP[@]}" run-info "$run" --max-epochs "$max_epochs" >"$info" 2>>"$log" || true
+      finished=$(kv finished "$info")
+    fi
+    [[ $finished == True ]] && break
+    ((calls < max_calls)) || break
+    local budget=$(($(remaining) - EVAL_RESERVE - STARTUP_RESERVE))
+    if ((budget < 60)) && ((!DRY)); then
+      record "recipe train" skip 0 "only ${budget}s of the stage budget left for training"
+      break
+    fi
+    ((DRY)) && budget=600
+    local resume=() cut=() max_time n
+    if [[ -f $run/checkpoints/last.ckpt ]]; then
+      resume=("ckpt_path=$run/checkpoints/last.ckpt")
+      # Lightning's Timer counts the training time of the calls before (saved in last.ckpt)
+      max_time=$("${HELP[@]}" max-time "$run/checkpoints/last.ckpt" "$budget")
+    else
+      rm -rf "$run"  # no checkpoint to resume: start clean
+      mkdir -p "$run"
+      max_time=$("${HELP[@]}" max-time - "$budget")
+      ((DRY)) && cut=(trainer.max_steps=4)
+    fi
+    n=$(($(find "$run" -maxdepth 1 -name 'fit-profile_call*.txt' | wc -l) + 1))
+    calls=$((calls + 1))
+    # The recipe exactly as configs/experiment/multi30k_en_de.yaml has it (attention maps on),
+    # plus: csv logs, no progress bar (a readable log), the time limit, and Lightning's simple
+    # profiler written to a file (per-hook times: the attention maps' cost among them).
+    run_step $((budget + STARTUP_RESERVE + 60)) "$log" "$PY" train.py experiment=multi30k_en_de \
+      "data.root=$DATA" data.download=false logger=csv "hydra.run.dir=$run" \
+      trainer.enable_progress_bar=false "+trainer.max_time=$max_time" \
+      +trainer.profiler._target_=lightning.pytorch.profilers.SimpleProfiler \
+      "+trainer.profiler.dirpath=$run" "+trainer.profiler.filename=profile_call$n" \
+      "${resume[@]}" "${epochs[@]}" "${cut[@]}" "${DRY_TRAIN[@]}"
+    "${HELP[@]}" record-call "$run" "call=$n" "seconds=$LAST_SECONDS" "exit_status=$RC" \
+      "resumed=$((${#resume[@]} > 0))" "max_time=\"$max_time\"" \
+      "started_utc=\"$(date -u +%FT%TZ)\"" 2>>"$log" || true
+    "${HELP[@]}" run-info "$run" --max-epochs "$max_epochs" --log "$log" >"$info" 2>&1 || true
+    cat "$info" >>"$log"
+    finished=$(kv finished "$info")
+    local what="fresh"
+    ((${#resume[@]})) && what="resumed from last.ckpt"
+    [[ $STATUS == ok ]] || what+=": $(failure_note "$log")"
+    record "recipe train (call $n)" "$STATUS" "$LAST_SECONDS" "$what, max_time $max_time: epoch $(kv epoch "$info")/$max_epochs, step $(kv global_step "$info"), val/bleu $(kv val_bleu_last "$info"), finished=$finished"
+    [[ $STATUS == ok ]] || { train_failed=1; break; }
+  done
+
+  # The last 10 complete epochs averaged (the recipe), beam 5 (evaluate.py's default), on the
+  # three test sets; if training is not finished, test_2016_flickr alone on what there is, so
+  # that a call that cannot be resumed still leaves a number.
+  local splits=(test_2016_flickr test_2017_flickr test_2017_mscoco) ckpt
+  [[ $finished == True ]] || splits=(test_2016_flickr)
+  if compgen -G "$run/checkpoints/epochs/*.ckpt" >/dev/null; then
+    ckpt="'$run/checkpoints/epochs/*.ckpt'"
+  elif [[ -f $run/checkpoints/last.ckpt ]]; then
+    ckpt=$run/checkpoints/last.ckpt
+  else
+    record "recipe evaluate" skip 0 "no checkpoint"
+    splits=()
+  fi
+  local split
+  for split in "${splits[@]}"; do
+    mkdir -p "$run/eval/$split"
+    run_step 150 "$log" "$PY" evaluate.py "ckpt_path=$ckpt" "data.root=$DATA" "split=$split" \
+      "hydra.run.dir=$run/eval/$split"
+    echo "$LAST_SECONDS" >"$run/eval/$split/wall_seconds"
+    local note
+    if [[ $STATUS == ok ]]; then
+      note=$("${HELP[@]}" note eval "$run/eval/$split/metrics.json")
+    else
+      note=$(failure_note "$log")
+    fi
+    [[ $finished == True ]] || note="PARTIAL (training not finished): $note"
+    record "evaluate $split" "$STATUS" "$LAST_SECONDS" "$note"
+  done
+  "${HELP[@]}" recipe-metrics "$run" "$OUT_DIR/recipe_metrics.json" --max-epochs "$max_epochs" \
+    >>"$log" 2>&1 || record "recipe metrics" FAIL 0 "see recipe.log"
+  if [[ $finished != True ]] && ((!train_failed)); then
+    record "recipe" warn 0 "NOT FINISHED: run stage 3 again at once (machine still warm) to resume from $run/checkpoints/last.ckpt"
+  fi
+}
+
+# ---------------------------------------------------------------------------------------------
+
+# The summary table, printed last (the end of stdout comes back from the GPU tool); exit 1 if
+# a step failed or timed out.
+finish() {
+  local table files
+  table=$("${HELP[@]}" summary "$STEPS" --out "$OUT_DIR/summary.txt" 2>&1) || true
+  shopt -s nullglob
+  files=("$OUT_DIR"/*)
+  echo
+  echo "gpu_check: ${#files[@]} files in $OUT_DIR: ${files[*]##*/}"
+  echo "$table"
+  # (awk, not grep -q: an early exit would break the pipe and read as "nothing failed")
+  if awk -F'\t' '$3 !~ /^(ok|warn|skip)$/ {bad = 1} END {exit bad}' "$STEPS"; then
+    exit 0
+  fi
+  exit 1
+}
+
+stages=("$STAGE")
+[[ $STAGE == all ]] && stages=(1 2 3)
+for s in "${stages[@]}"; do
+  CUR=$s
+  STAGE_START=$SECONDS
+  case $s in
+    1) stage1 ;;
+    2) stage2 ;;
+    3) stage3 ;;
+  esac
+done
+finish
