@@ -27,7 +27,7 @@ def main(cfg: DictConfig) -> None:
                 print(t.text if t.score is None else f"{t.score:.4f}\t{t.text}")
         return
     decode = result["decode"]
-    search = "greedy" if decode["beam_size"] == 1 else f"beam {decode['beam_size']}"
+    search = "greedy" if decode["strategy"] == "greedy" else f"beam {decode['beam_size']}"
     print(f"{result['split']} ({result['direction']}, {result['num_sentences']} sentences, "
           f"{search}, len_penalty {decode['len_penalty']})")  # fmt: skip
     print(f"BLEU = {result['bleu']:.2f}  {result['signature']['bleu']}")

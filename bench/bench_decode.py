@@ -39,7 +39,7 @@ from transformer import Transformer, TransformerConfig
 from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding import DecodeOptions, beam_search, greedy_decode
 from transformer.evaluation import DTYPES
 from transformer.translate import length_batches
 
@@ -127,21 +127,17 @@ def main() -> None:
     # Each sentence ends after exactly its set number of tokens (max_lengths: its eos forced
     # there; before it, eos is banned with equal lengths, and random weights practically never
     # choose it with reference lengths).
-    def limits(lens: torch.Tensor) -> dict:
-        same = args.lengths == "equal"
-        return dict(bos_id=BOS_ID, eos_id=EOS_ID, min_len=n if same else 1, max_lengths=lens)
-
-    if args.beam == 1:
-        systems = {"ours, cached": lambda src, lens: greedy_decode(ours, src, **limits(lens))}
-    else:
-        systems = {
-            "ours, cached": lambda src, lens: beam_search(
-                ours, src, beam_size=args.beam, **limits(lens)
-            )
-        }
+    strategy = "greedy" if args.beam == 1 else "beam"
+    min_len = n if args.lengths == "equal" else 1
+    options = DecodeOptions(strategy=strategy, beam_size=args.beam, min_len=min_len)
+    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID)
+    search = greedy_decode if strategy == "greedy" else beam_search
+    systems = {
+        "ours, cached": lambda src, lens: search(ours, src, options, **ids, max_lengths=lens)
+    }
     if not args.no_uncached:  # beam search of size 1 is greedy decoding (tests/test_decoding.py)
         systems["ours, uncached"] = lambda src, lens: beam_search(
-            ours, src, beam_size=args.beam, use_cache=False, **limits(lens)
+            ours, src, options, **ids, max_lengths=lens, use_cache=False
         )
     if not args.no_marian:
         from transformers import LogitsProcessorList

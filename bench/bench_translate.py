@@ -33,8 +33,16 @@ def child(args: argparse.Namespace) -> None:
         model_from_checkpoint,
         tokenizers_from_checkpoint,
     )
-    from transformer.translate import DecodeOptions, Translator
+    from transformer.translate import Translator
 
+    try:  # checkouts before the one options type kept DecodeOptions in transformer.translate
+        from transformer.decoding import DecodeOptions
+
+        strategy = {"strategy": "greedy" if args.beam == 1 else "beam"}
+    except ImportError:
+        from transformer.translate import DecodeOptions
+
+        strategy = {}  # beam_size=1 alone meant greedy
     ckpt = load_checkpoint(args.ckpt)
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, args.ckpt)
     model = model_from_checkpoint(ckpt).to(getattr(torch, args.dtype))
@@ -42,7 +50,7 @@ def child(args: argparse.Namespace) -> None:
     opener = gzip.open if args.source.endswith(".gz") else open
     with opener(args.source, "rt", encoding="utf-8") as f:
         lines = f.read().splitlines()
-    options = DecodeOptions(beam_size=args.beam)
+    options = DecodeOptions(**strategy, beam_size=args.beam)
     translator.translate(lines[:50], options)
     start = time.perf_counter()
     out = translator.translate(lines, options)

@@ -26,7 +26,6 @@ import importlib.metadata
 import json
 import os
 import platform
-import random
 import re
 import statistics
 import sys
@@ -43,17 +42,12 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     # The test suite's made-up language pair (German-like words, each the image of one English
     # word): a few training steps already move the loss, and BLEU has something to score.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_corpus import WORDS_DE, WORDS_EN
+    from tiny_corpus import sentence_pairs
 
     root = Path(args.dir)
     root.mkdir(parents=True, exist_ok=True)
     for seed, (split, n) in enumerate(SPLITS.items()):
-        rng = random.Random(seed)
-        en, de = [], []
-        for _ in range(n):
-            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, 10))]
-            en.append(" ".join(WORDS_EN[i] for i in idx))
-            de.append(" ".join(WORDS_DE[i] for i in idx))
+        en, de = sentence_pairs(n, seed)
         for lang, lines in (("en", en), ("de", de)):
             with gzip.open(root / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
                 f.write("\n".join(lines) + "\n")

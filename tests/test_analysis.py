@@ -17,8 +17,9 @@ from transformer.analysis.maps import SentenceMaps, capture, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
 from transformer.analysis.stats import head_stats
 from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from transformer.decoding import DecodeOptions
 from transformer.model import ATTENTION_TYPES
-from transformer.translate import DecodeOptions, Translator
+from transformer.translate import Translator
 
 PNG = b"\x89PNG\r\n\x1a\n"
 
@@ -134,7 +135,7 @@ def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_pa
     model = tiny(num_decoder_layers=1, num_encoder_layers=1, num_heads=2)
     translator = Translator(model, src_tok, tgt_tok)
     sources, refs = ["a dog runs", "the man sits"], ["ein hund läuft", "der mann sitzt"]
-    evaluator = HeadEvaluator(translator, sources, refs, DecodeOptions(beam_size=1))
+    evaluator = HeadEvaluator(translator, sources, refs, DecodeOptions(strategy="greedy"))
     baseline, scores = head_importance(evaluator)
     assert [(s.kind, s.layer, s.head) for s in scores] == [
         (k, 0, h) for k in ATTENTION_TYPES for h in range(2)

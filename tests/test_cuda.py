@@ -9,7 +9,7 @@ import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 from test_attention import lengths_to_pad_mask
-from test_decoding import BOS, EOS, PAD, random_model, sources, strip, teacher_forced_score
+from test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
 from test_loss import inputs, label_smoothed_loss_pad, loss_and_grads, reference
 from test_train_units import TINY, padded_batch
 from torch import Tensor
@@ -17,7 +17,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer import KVCache, MultiheadAttention, Transformer, TransformerConfig
 from transformer import loss as loss_module
-from transformer.decoding import beam_search, greedy_decode
+from transformer.decoding import DecodeOptions, beam_search, greedy_decode
 from transformer.lit_module import TranslationModule, hidden_states
 from transformer.optim import build_optimizer
 
@@ -93,15 +93,16 @@ def test_bf16_decoding_on_cuda_scores_like_float32_on_cpu():
     bf16 rounding of the best one."""
     model, src = random_model(), sources()
     half = copy.deepcopy(model).to(CUDA, torch.bfloat16)
-    options = dict(bos_id=BOS, eos_id=EOS, beam_size=3, nbest=3, max_len_b=6, len_penalty=0.0)
-    for row, hyps in zip(src, beam_search(half, src.to(CUDA), **options), strict=True):
+    options = DecodeOptions(beam_size=3, nbest=3, max_len_b=6, len_penalty=0.0)
+    beams = beam_search(half, src.to(CUDA), options, bos_id=BOS, eos_id=EOS)
+    for row, hyps in zip(src, beams, strict=True):
         assert hyps
         for h in hyps:
             exact = teacher_forced_score(model, row[row.ne(PAD)], h.tokens)
             assert h.score == pytest.approx(exact, abs=0.05 * (len(h.tokens) + 1))
-    greedy = greedy_decode(half, src.to(CUDA), BOS, EOS, max_len_b=6).cpu()
-    for row, out in zip(src, greedy.tolist(), strict=True):
-        tokens = strip(out)
+    greedy = greedy_decode(half, src.to(CUDA), DecodeOptions(max_len_b=6), bos_id=BOS, eos_id=EOS)
+    for row, (best,) in zip(src, greedy, strict=True):
+        tokens = best.tokens
         with torch.no_grad():
             tgt = torch.tensor([[BOS, *tokens]])
             lprobs = model(row[row.ne(PAD)][None], tgt)[0, : len(tokens)].log_softmax(-1)

@@ -10,7 +10,7 @@ from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from transformer import Transformer, TransformerConfig
-from transformer.decoding import beam_search, greedy_decode, max_output_lengths
+from transformer.decoding import DecodeOptions, beam_search, greedy_decode, max_output_lengths
 
 PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
 V = 7
@@ -62,7 +62,8 @@ class ScriptedModel(nn.Module):
 
 def search(script, **kwargs):
     src = torch.tensor([[A, B, C]])
-    return beam_search(ScriptedModel(script), src, bos_id=BOS, eos_id=EOS, **kwargs)[0]
+    options = DecodeOptions(**kwargs)
+    return beam_search(ScriptedModel(script), src, options, bos_id=BOS, eos_id=EOS)[0]
 
 
 def test_beam_finds_the_likelier_translation_that_greedy_misses() -> None:
@@ -159,23 +160,19 @@ def brute_force_greedy(
     return out
 
 
-def strip(row: list[int]) -> list[int]:
-    return row[: row.index(EOS)]
-
-
 @pytest.mark.parametrize("min_len", [0, 3])
 def test_greedy_equals_brute_force_and_beam_size_one(min_len: int) -> None:
     model, src = random_model().train(), sources()
     limits = dict(max_len_a=0.5, max_len_b=4, min_len=min_len)
-    out = greedy_decode(model, src, BOS, EOS, **limits)
+    out = greedy_decode(model, src, DecodeOptions(**limits), bos_id=BOS, eos_id=EOS)
     assert model.training  # decoding ran in eval mode and restored the mode
     model.eval()
-    greedy = [strip(row) for row in out.tolist()]
+    greedy = [h[0].tokens for h in out]
     lengths = max_output_lengths(src.ne(PAD).sum(1), 0.5, 4, min_len, cap=1000).tolist()
     assert greedy == [
         brute_force_greedy(model, src[i : i + 1], lengths[i], min_len)[0] for i in range(len(src))
     ]
-    beam = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=1, **limits)
+    beam = beam_search(model, src, DecodeOptions(beam_size=1, **limits), bos_id=BOS, eos_id=EOS)
     assert [h[0].tokens for h in beam] == greedy
 
 
@@ -187,33 +184,33 @@ def test_max_output_lengths() -> None:
 
 def test_cached_equals_uncached_and_batched_equals_alone() -> None:
     model, src = random_model(), sources()
-    options = dict(bos_id=BOS, eos_id=EOS, beam_size=4, nbest=4, max_len_b=8)
-    cached = beam_search(model, src, **options)
-    uncached = beam_search(model, src, use_cache=False, **options)
+    options, ids = DecodeOptions(beam_size=4, nbest=4, max_len_b=8), dict(bos_id=BOS, eos_id=EOS)
+    cached = beam_search(model, src, options, **ids)
+    uncached = beam_search(model, src, options, **ids, use_cache=False)
     for a, b in zip(cached, uncached, strict=True):
         assert [h.tokens for h in a] == [h.tokens for h in b]
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-4)
     for i, row in enumerate(src):
-        alone = beam_search(model, row[row.ne(PAD)].unsqueeze(0), **options)[0]
+        alone = beam_search(model, row[row.ne(PAD)].unsqueeze(0), options, **ids)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in cached[i]]
 
 
 def test_per_sentence_max_lengths_equal_each_sentence_decoded_alone() -> None:
     model, src = random_model(), sources()
     lengths = torch.tensor([2, 6, 0, 4])
+    ids = dict(bos_id=BOS, eos_id=EOS)
     beam = beam_search(
-        model, src, bos_id=BOS, eos_id=EOS, beam_size=3, min_len=0, max_lengths=lengths
+        model, src, DecodeOptions(beam_size=3, min_len=0), **ids, max_lengths=lengths
     )
-    greedy = greedy_decode(model, src, BOS, EOS, min_len=0, max_lengths=lengths)
+    greedy = greedy_decode(model, src, DecodeOptions(min_len=0), **ids, max_lengths=lengths)
     for i, row in enumerate(src):
         alone = dict(min_len=0, max_len_a=0.0, max_len_b=int(lengths[i]))
         row = row[row.ne(PAD)].unsqueeze(0)
-        expected = beam_search(model, row, bos_id=BOS, eos_id=EOS, beam_size=3, **alone)[0]
+        expected = beam_search(model, row, DecodeOptions(beam_size=3, **alone), **ids)[0]
         assert [h.tokens for h in beam[i]] == [h.tokens for h in expected]
         assert len(beam[i][0].tokens) <= lengths[i]
-        assert strip(greedy[i].tolist()) == strip(
-            greedy_decode(model, row, BOS, EOS, **alone)[0].tolist()
-        )
+        (alone_greedy,) = greedy_decode(model, row, DecodeOptions(**alone), **ids)
+        assert greedy[i][0].tokens == alone_greedy[0].tokens
 
 
 @torch.no_grad()
@@ -229,9 +226,9 @@ def test_bfloat16_weights_search_like_float32() -> None:
     what the float32 model gives it, within bf16 rounding."""
     model, src = random_model(), sources()
     half = copy.deepcopy(model).bfloat16()
-    options = dict(bos_id=BOS, eos_id=EOS, beam_size=3, nbest=3, max_len_b=6, len_penalty=0.0)
-    cached = beam_search(half, src, **options)
-    uncached = beam_search(half, src, use_cache=False, **options)
+    options = DecodeOptions(beam_size=3, nbest=3, max_len_b=6, len_penalty=0.0)
+    cached = beam_search(half, src, options, bos_id=BOS, eos_id=EOS)
+    uncached = beam_search(half, src, options, bos_id=BOS, eos_id=EOS, use_cache=False)
     assert [[h.tokens for h in s] for s in cached] == [[h.tokens for h in s] for s in uncached]
     for row, hyps in zip(src, cached, strict=True):
         row = row[row.ne(PAD)]
@@ -269,13 +266,13 @@ def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(
     """The one sync of a step reads how many sentences are done; the ids it bans are tensors made
     once. Counted on CPU, through the ops that a GPU would run."""
     model, src = random_model(), sources()
-    limits = dict(min_len=4, max_lengths=torch.tensor([4, 5, 6, 7]))
+    limits = dict(bos_id=BOS, eos_id=EOS, max_lengths=torch.tensor([4, 5, 6, 7]))
     with DeviceTraffic() as traffic:
         if beam_size == 1:
-            out = [strip(row) for row in greedy_decode(model, src, BOS, EOS, **limits).tolist()]
+            hyps = greedy_decode(model, src, DecodeOptions(strategy="greedy", min_len=4), **limits)
         else:
-            hyps = beam_search(model, src, bos_id=BOS, eos_id=EOS, beam_size=3, **limits)
-            out = [h[0].tokens for h in hyps]
+            hyps = beam_search(model, src, DecodeOptions(beam_size=3, min_len=4), **limits)
+        out = [h[0].tokens for h in hyps]
     assert len({len(tokens) for tokens in out}) > 1  # sentences left the batch at different steps
     counts = traffic.counts
     assert counts["steps"] >= 5

@@ -11,12 +11,14 @@ import re
 import shutil
 import subprocess
 import sys
+from dataclasses import asdict
 from functools import partial
 from pathlib import Path
 
 import lightning as L
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
@@ -26,6 +28,7 @@ import transformer.data.datamodule
 import transformer.translate
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
+from transformer.decoding import DecodeOptions
 from transformer.lit_module import TranslationModule
 from transformer.training import ConfigError, model_config, train, validate_config
 
@@ -95,6 +98,17 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
     assert other.experiment_name == "multi30k_de_en_cpu"
     assert list(other.tags) == ["multi30k", "de-en"]
+
+
+def test_decode_configs_spell_out_the_decode_options_defaults():
+    """configs/decode/ lists every DecodeOptions field (for ``decode.x=`` and
+    ``validation.decoding.x=`` overrides) with the dataclass's defaults."""
+    validation = compose_cfg([]).validation.decoding
+    assert dict(validation) == asdict(DecodeOptions(strategy="greedy"))
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        decode = dict(compose("evaluate").decode)
+    del decode["max_tokens"]  # batching (evaluate.yaml's), not a DecodeOptions field
+    assert decode == asdict(DecodeOptions())
 
 
 def test_misspelt_option_is_named():
@@ -216,7 +230,9 @@ def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run,
     monkeypatch.setattr(
         transformer.translate,
         "beam_search",
-        lambda *a, **kw: beams.append(kw["beam_size"]) or search(*a, **kw),
+        lambda model, src, options, **kw: (
+            beams.append(options.beam_size) or search(model, src, options, **kw)
+        ),
     )
     cfg = compose_cfg([*tiny_overrides(corpus), "validation.bleu_sentences=null"])
     dm = instantiate(cfg.data)

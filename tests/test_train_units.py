@@ -194,7 +194,7 @@ def test_gpu_random_state_resumes_on_a_machine_with_fewer_gpus(monkeypatch):
     """A checkpoint holds the random state of its process's own GPU; one written before that
     holds every visible GPU's, and resuming it where fewer GPUs exist restores this process's
     GPU only (``torch.cuda.set_rng_state_all`` would index a GPU that is not there)."""
-    from transformer import lit_module
+    from transformer import checkpoints
 
     restored: list[tuple[int, Tensor]] = []
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -211,9 +211,9 @@ def test_gpu_random_state_resumes_on_a_machine_with_fewer_gpus(monkeypatch):
             restored.append((i, s))
 
     monkeypatch.setattr(torch.cuda, "set_rng_state_all", set_all)
-    states = lit_module.get_rng_states()
+    states = checkpoints.get_rng_states()
     assert torch.equal(states["cuda"], torch.full((4,), 7, dtype=torch.uint8))  # one GPU's
-    lit_module.set_rng_states(states)
+    checkpoints.set_rng_states(states)
     assert [(i, s.tolist()) for i, s in restored] == [(0, [7] * 4)]
 
     restored.clear()  # saved on two GPUs, resumed on one
@@ -221,5 +221,5 @@ def test_gpu_random_state_resumes_on_a_machine_with_fewer_gpus(monkeypatch):
         **states,
         "cuda": [torch.full((4,), 1, dtype=torch.uint8), torch.full((4,), 2, dtype=torch.uint8)],
     }
-    lit_module.set_rng_states(old)
+    checkpoints.set_rng_states(old)
     assert [(i, s.tolist()) for i, s in restored] == [(0, [1] * 4)]

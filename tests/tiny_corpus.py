@@ -21,15 +21,21 @@ WORDS_DE = (
 ).split()
 
 
+def sentence_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
+    """``n`` English sentences of 2-10 words and their German, a word-by-word image."""
+    rng = random.Random(seed)
+    en, de = [], []
+    for _ in range(n):
+        idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, 10))]
+        en.append(" ".join(WORDS_EN[i] for i in idx))
+        de.append(" ".join(WORDS_DE[i] for i in idx))
+    return en, de
+
+
 def write_corpus(root: Path) -> Path:
     """train/val/test .en/.de files in ``root``; German is a word-by-word image of English."""
     for split, n, seed in (("train", 400, 0), ("val", 32, 1), ("test", 32, 2)):
-        rng = random.Random(seed)
-        en, de = [], []
-        for _ in range(n):
-            idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, 10))]
-            en.append(" ".join(WORDS_EN[i] for i in idx))
-            de.append(" ".join(WORDS_DE[i] for i in idx))
+        en, de = sentence_pairs(n, seed)
         (root / f"{split}.en").write_text("\n".join(en) + "\n", encoding="utf-8")
         (root / f"{split}.de").write_text("\n".join(de) + "\n", encoding="utf-8")
     return root

@@ -15,6 +15,8 @@ import lightning as L
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from transformer.errors import Interrupted
+from transformer.lit_module import TranslationModule
+from transformer.nonfinite import NonFiniteSteps
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +32,9 @@ class LastCheckpoint(Callback):
 
     SIGTERM or SIGINT (Ctrl-C) during training finishes the current optimizer step, writes
     ``last.ckpt`` and stops with :class:`Interrupted`; a second Ctrl-C stops at once.
+
+    A :class:`TranslationModule`'s NaN/inf steps (its ``nonfinite``) are counted before each
+    write, and none is written while the last steps were skipped: the last good one is kept.
     """
 
     def __init__(self, dirpath: str | os.PathLike, every_n_train_steps: int | None = 1000) -> None:
@@ -39,6 +44,7 @@ class LastCheckpoint(Callback):
         self._step_at_batch_start = -1
         self._stop_signal: int | None = None
         self._previous_handlers: dict[int, object] = {}
+        self.nonfinite: NonFiniteSteps | None = None
 
     @property
     def path(self) -> Path:
@@ -49,11 +55,15 @@ class LastCheckpoint(Callback):
             trainer.fast_dev_run
             or trainer.sanity_checking
             or trainer.global_step == self._saved_step
-            or _bad_steps_in_a_row(trainer.lightning_module)  # keep the last good one
+            or (self.nonfinite is not None and self.nonfinite.count())  # keep the last good one
         ):
             return
         trainer.save_checkpoint(self.path)
         self._saved_step = trainer.global_step
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if isinstance(pl_module, TranslationModule):
+            self.nonfinite = pl_module.nonfinite
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._saved_step = trainer.global_step  # a resumed run need not rewrite its checkpoint
@@ -143,12 +153,6 @@ def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
     progress = trainer.fit_loop.epoch_loop.batch_progress
     ended = progress.is_last_batch or progress.current.ready == trainer.num_training_batches
     return bool(trainer.strategy.broadcast(ended))
-
-
-def _bad_steps_in_a_row(module: L.LightningModule) -> int:
-    """The module's current run of NaN/inf steps, counted now (it counts them lazily)."""
-    count = getattr(module, "count_bad_steps", None)
-    return count() if count is not None else 0
 
 
 class BatchIdRecorder(Callback):

@@ -1,9 +1,12 @@
-"""Training checkpoints as evaluation reads them: load with clear errors, rebuild, average.
+"""The checkpoint format: what training adds to Lightning's checkpoints and reads back to resume,
+and how evaluation loads them (with clear errors), rebuilds the model and averages them.
 
 A checkpoint written by ``train.py`` holds the model config (``hyper_parameters.model``), the
 weights (``state_dict``, prefixed ``model.``), the data settings
 (``datamodule_hyper_parameters``) and both SentencePiece models (``tokenizers``), so it evaluates
-anywhere. Averaging: ``python -m transformer.checkpoints OUT.ckpt IN1.ckpt IN2.ckpt ...``.
+anywhere; for an exact resume also the random states (``rng_states``) and the count of NaN/inf
+steps skipped (``skipped_steps``). Averaging: ``python -m transformer.checkpoints OUT.ckpt IN1.ckpt
+IN2.ckpt ...``.
 """
 
 from __future__ import annotations
@@ -11,10 +14,12 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import random
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from transformer.atomic import atomic_save
@@ -30,6 +35,57 @@ KEPT_FOR_EVALUATION = ("hyper_parameters", "datamodule_hyper_parameters", "token
 
 class CheckpointError(ValueError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
+
+
+# -- training: what train.py adds to Lightning's checkpoint, and reads back to resume ------
+
+
+def write_training_state(
+    checkpoint: dict[str, Any], skipped_steps: int, tokenizers: tuple[Tokenizer, Tokenizer] | None
+) -> None:
+    """Add to a checkpoint being saved what training keeps beside Lightning's own state: the
+    random states, the skipped-step count and (when known) the (source, target) SentencePiece
+    models, so that it can be evaluated on a machine without the run's data/ folder."""
+    checkpoint["rng_states"] = get_rng_states()
+    checkpoint["skipped_steps"] = skipped_steps
+    if tokenizers is not None:
+        checkpoint["tokenizers"] = {
+            side: {"name": tok.model_path.name, "model": tok.to_bytes()}
+            for side, tok in zip(("src", "tgt"), tokenizers, strict=True)
+        }
+
+
+def read_training_state(checkpoint: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
+    """(random states or None, skipped-step count) of a checkpoint being resumed."""
+    return checkpoint.get("rng_states"), checkpoint.get("skipped_steps", 0)
+
+
+def get_rng_states() -> dict[str, Any]:
+    """The global random states, as tensors and plain values (loadable with weights_only)."""
+    kind, keys, pos, has_gauss, cached = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state()  # this process's GPU (one per rank)
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    kind, keys, pos, has_gauss, cached = states["numpy"]
+    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
+    random.setstate(states["python"])
+    cuda = states.get("cuda")
+    if cuda is not None and torch.cuda.is_available():
+        if isinstance(cuda, list):  # checkpoints before 2026-11-22: every visible GPU's state,
+            cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]  # maybe more than here
+        torch.cuda.set_rng_state(cuda)
+
+
+# -- reading: load with clear errors, the model and tokenizers it carries, averages -------
 
 
 def _torch_load(path: Path, mmap: bool = False) -> Any:

@@ -27,8 +27,9 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.data.datamodule import TranslationDataModule
+from transformer.decoding import DecodeOptions
 from transformer.metrics import score_translations
-from transformer.translate import DecodeOptions, Translator
+from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +105,16 @@ def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> Trans
     return TranslationDataModule(**{**settings, **given})
 
 
+def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
+    """The ``decode`` options: the search, and ``max_tokens``, source tokens per batch (how
+    sentences are batched, not how each is decoded)."""
+    settings = dict(settings)
+    max_tokens = settings.pop("max_tokens")
+    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
+        raise ValueError(f"decode.max_tokens must be an integer >= 1, got {max_tokens!r}")
+    return DecodeOptions.from_dict(settings, prefix="decode"), max_tokens
+
+
 def _read_input(input_path: str) -> list[str]:
     if input_path == "-":
         return sys.stdin.read().splitlines()
@@ -118,7 +129,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations).
     With ``analysis=heads|maps``, run that analysis on the split instead (see
     :mod:`transformer.analysis.evaluation`)."""
-    options = DecodeOptions(**OmegaConf.to_container(cfg.decode))  # checked before any work
+    decode_settings = OmegaConf.to_container(cfg.decode)
+    options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
     check_analysis(analysis)
     device = _device(cfg.device)
@@ -130,11 +142,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     ckpt, paths = _checkpoint(cfg.ckpt_path)
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
     translator = Translator(model_from_checkpoint(ckpt).to(device, dtype), src_tok, tgt_tok)
-    decode_settings = OmegaConf.to_container(cfg.decode)
 
     if cfg.input is not None:
         lines = _read_input(str(cfg.input))
-        translations = translator.translate(lines, options)
+        translations = translator.translate(lines, options, max_tokens)
         texts = [t.text for sentence in translations for t in sentence]
         atomic_write_text(out_dir / "hypotheses.txt", "".join(t + "\n" for t in texts))
         return {"translations": translations, "decode": decode_settings}
@@ -147,7 +158,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             analysis, translator, sources, references, cfg.analysis_options, out_dir
         )
     start = time.perf_counter()
-    hypotheses = [t[0].text for t in translator.translate(sources, options)]  # on the host: done
+    translated = translator.translate(sources, options, max_tokens)
+    hypotheses = [t[0].text for t in translated]  # on the host: done
     seconds = time.perf_counter() - start
     scores = score_translations(hypotheses, references)
     metrics = {

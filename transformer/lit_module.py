@@ -4,25 +4,26 @@ from __future__ import annotations
 
 import logging
 import math
-import random
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, fields
 from typing import Any
 
 import lightning as L
-import numpy as np
 import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 
+from transformer.checkpoints import read_training_state, set_rng_states, write_training_state
 from transformer.config import TransformerConfig
-from transformer.errors import NonFiniteLoss
+from transformer.data.datamodule import TranslationDataModule
+from transformer.data.tokenizer import Tokenizer
+from transformer.decoding import DecodeOptions
 from transformer.loss import label_smoothed_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
+from transformer.nonfinite import NonFiniteSteps
 from transformer.optim import build_optimizer, clip_gradients
-from transformer.translate import DecodeOptions, decode_batch
+from transformer.translate import decode_batch
 
 log = logging.getLogger(__name__)
 
@@ -38,68 +39,12 @@ def hidden_states(model: Transformer, src: Tensor, tgt_in: Tensor, src_pad_mask:
     return model(src, tgt_in, src_pad_mask, return_hidden=True)
 
 
-STRATEGIES = ("greedy", "beam")
-
-
-@dataclass(frozen=True)
-class ValidationDecoding:
-    """How validation decodes for ``val/bleu``: the ``validation.decoding`` options, checked here
-    and nowhere else (``train`` checks them through :meth:`from_dict` before any data work).
-
-    ``strategy``: ``greedy`` (the default: cheapest) or ``beam``, beam search with ``beam_size``
-    beams and length penalty ``len_penalty`` (score = log-probability / length ** len_penalty),
-    as ``evaluate.py``'s ``decode`` options; ``beam_size`` and ``len_penalty`` are ignored by
-    greedy. Either way at most ``max_len_a * source_length + max_len_b`` tokens.
-    """
-
-    strategy: str = "greedy"
-    beam_size: int = 5
-    len_penalty: float = 1.0
-    max_len_a: float = 1.2
-    max_len_b: int = 10
-
-    def __post_init__(self) -> None:
-        if self.strategy not in STRATEGIES:
-            raise ValueError(
-                f"validation.decoding.strategy={self.strategy!r}; choose one of "
-                + " or ".join(repr(s) for s in STRATEGIES)
-            )
-        for name, integer, low in (
-            ("beam_size", True, 1),
-            ("len_penalty", False, None),
-            ("max_len_a", False, 0),
-            ("max_len_b", True, 0),
-        ):
-            value = getattr(self, name)
-            kinds = int if integer else (int, float)
-            if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
-                kind = "an integer" if integer else "a number"
-                raise ValueError(f"validation.decoding.{name} must be {kind}, got {value!r}")
-            if low is not None and value < low:
-                raise ValueError(f"validation.decoding.{name} must be >= {low}, got {value}")
-
-    @classmethod
-    def from_dict(cls, options: Mapping[str, Any] | None) -> ValidationDecoding:
-        """From the ``validation.decoding`` mapping; an unknown key is a ValueError naming it."""
-        known = [f.name for f in fields(cls)]
-        for key in options or {}:
-            if key not in known:
-                raise ValueError(
-                    f"unknown option validation.decoding.{key}; known: {', '.join(known)}"
-                )
-        return cls(**(options or {}))
-
-    def options(self) -> DecodeOptions:
-        """The same search as :class:`transformer.translate.DecodeOptions` (one hypothesis)."""
-        beam = self.strategy == "beam"
-        return DecodeOptions(
-            beam_size=self.beam_size if beam else 1,
-            len_penalty=self.len_penalty,
-            max_len_a=self.max_len_a,
-            max_len_b=self.max_len_b,
-            min_len=1,
-            nbest=1,
-        )
+def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
+    """The ``validation.decoding`` options (greedy unless they say otherwise), checked; messages
+    name them ``validation.decoding.*``. ``train`` checks them here before any data work."""
+    return DecodeOptions.from_dict(
+        {"strategy": "greedy", **(options or {})}, prefix="validation.decoding"
+    )
 
 
 class TranslationModule(L.LightningModule):
@@ -111,9 +56,9 @@ class TranslationModule(L.LightningModule):
             ``weight_decay`` applies to the decay group only.
         scheduler: partial taking the optimizer, returning a per-step LR scheduler.
         label_smoothing: epsilon of the label-smoothed cross entropy.
-        decoding: validation decoding, the :class:`ValidationDecoding` fields: ``strategy``
-            (``greedy`` or ``beam``), ``beam_size``, ``len_penalty``, ``max_len_a``,
-            ``max_len_b``; missing ones take its defaults, invalid ones raise ValueError.
+        decoding: validation decoding, :class:`DecodeOptions` fields (``strategy``: ``greedy``
+            unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
+            missing ones take its defaults, invalid ones raise ValueError.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
         max_bad_steps: a step whose loss is NaN or inf is skipped (no update) and counted; this
             many in a row stop training with :class:`NonFiniteLoss`.
@@ -152,13 +97,9 @@ class TranslationModule(L.LightningModule):
         if not 0.0 <= label_smoothing < 1.0:
             raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
         self.label_smoothing = label_smoothing
-        self.decoding = ValidationDecoding.from_dict(decoding)
+        self.decoding = validation_decoding(decoding)
         self.val_bleu_sentences = val_bleu_sentences
-        self.max_bad_steps = max_bad_steps
-        self.skipped_steps = 0  # steps skipped for a NaN or inf loss, in the whole run
-        self.bad_steps_in_a_row = 0  # both as counted so far: see count_bad_steps
-        self._bad: Tensor | None = None  # this optimizer step's loss was NaN/inf (device bool)
-        self._uncounted: list[tuple[int, Tensor]] = []  # (step, bad) not yet read on the host
+        self.nonfinite = NonFiniteSteps(max_bad_steps)
         self._last_batch_time: float | None = None
         self._rng_to_restore: dict[str, Any] | None = None
         self._val_sums: Tensor | None = None
@@ -190,8 +131,7 @@ class TranslationModule(L.LightningModule):
         loss = loss_sum / ntok
         # Nothing here waits for the device: a NaN/inf loss is only flagged, and every rank still
         # runs backward (DDP's all-reduce needs every rank); on_before_optimizer_step skips.
-        bad = ~torch.isfinite(loss)
-        self._bad = bad if self._bad is None else self._bad | bad  # any accumulated micro-batch
+        self.nonfinite.flag(loss)
         now = time.perf_counter()
         bsz = len(batch.labels)
         self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
@@ -205,30 +145,13 @@ class TranslationModule(L.LightningModule):
         return loss
 
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Skip the update of a step whose loss was NaN or inf, on every rank.
-
-        A fused optimizer (AdamW ``fused=True``, the default on CUDA) skips on the device: its
-        kernel reads ``found_inf``, the flag GradScaler uses, and the flags are read on the host
-        (one sync) only at logging steps and checkpoints. Any other optimizer needs the decision
-        on the host, one sync per step, to drop the gradients; fp16's GradScaler skips by itself.
-        """
-        bad, self._bad = self._bad, None
-        if self.trainer.world_size > 1:  # a NaN on one rank skips the step on all of them
-            bad = bad.int()
-            torch.distributed.all_reduce(bad, op=torch.distributed.ReduceOp.MAX)
-            bad = bad.bool()
-        self._uncounted.append((self.global_step, bad))
-        fp16 = self.trainer.precision == "16-mixed"
-        on_device = getattr(optimizer, "_step_supports_amp_scaling", False)  # reads found_inf
-        if not (fp16 or on_device) or self.global_step % self.trainer.log_every_n_steps == 0:
-            self.count_bad_steps()
-        self.log("train/skipped_steps", host_scalar(self.skipped_steps))
-        if fp16:
-            return
-        if on_device:
-            optimizer.found_inf = bad.float()  # 1: the fused kernel changes nothing
-        elif self.bad_steps_in_a_row:
-            optimizer.zero_grad(set_to_none=True)  # no gradients: the optimizer changes nothing
+        """Skip the update of a step whose loss was NaN or inf, on every rank."""
+        step, trainer = self.global_step, self.trainer
+        self.nonfinite.skip_if_bad(
+            optimizer, step, world_size=trainer.world_size,
+            fp16=trainer.precision == "16-mixed", log_step=step % trainer.log_every_n_steps == 0,
+        )  # fmt: skip
+        self.log("train/skipped_steps", host_scalar(self.nonfinite.skipped))
 
     def configure_gradient_clipping(
         self,
@@ -245,32 +168,6 @@ class TranslationModule(L.LightningModule):
         norm = clip_gradients(self.trainer, optimizer, float(gradient_clip_val), algorithm)
         if norm is not None:
             self.log("train/grad_norm", norm)
-
-    def count_bad_steps(self) -> int:
-        """Read the pending NaN/inf flags on the host (one sync), update ``skipped_steps`` and
-        ``bad_steps_in_a_row`` and return the latter; raise :class:`NonFiniteLoss` once
-        ``max_bad_steps`` in a row were skipped. Called before every checkpoint is written."""
-        if not self._uncounted:
-            return self.bad_steps_in_a_row
-        steps, flags = zip(*self._uncounted, strict=True)
-        self._uncounted = []
-        for step, bad in zip(steps, torch.stack(flags).tolist(), strict=True):
-            if not bad:
-                self.bad_steps_in_a_row = 0
-                continue
-            self.skipped_steps += 1
-            self.bad_steps_in_a_row += 1
-            log.warning(
-                "step %d: loss is NaN or inf, step skipped (%d in a row, %d in all)",
-                step, self.bad_steps_in_a_row, self.skipped_steps,
-            )  # fmt: skip
-            if self.bad_steps_in_a_row >= self.max_bad_steps:
-                raise NonFiniteLoss(
-                    f"the loss was NaN or inf for {self.bad_steps_in_a_row} steps in a row, the "
-                    f"last at step {step}; training stopped. No checkpoint was written since the "
-                    "last finite loss; lower optim.optimizer.lr, or raise loss.max_bad_steps"
-                )
-        return self.bad_steps_in_a_row
 
     def on_train_epoch_start(self) -> None:
         self._last_batch_time = None
@@ -314,9 +211,8 @@ class TranslationModule(L.LightningModule):
             self.model,
             self.trainer.datamodule.tgt_tokenizer,
             batch.src[keep],
-            self.decoding.options(),
+            self.decoding,
             batch.src_pad_mask[keep],
-            always_beam=self.decoding.strategy == "beam",
         )
         for i, best in zip(batch.ids[keep].tolist(), translations, strict=True):
             self._val_hyps[i] = best[0].text if best else ""
@@ -354,43 +250,15 @@ class TranslationModule(L.LightningModule):
     # -- checkpoints -------------------------------------------------------------------------
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.count_bad_steps()  # an up-to-date count; a too long bad streak stops here, unwritten
-        checkpoint["rng_states"] = get_rng_states()
-        checkpoint["skipped_steps"] = self.skipped_steps
-        dm = getattr(self.trainer, "datamodule", None)
-        if dm is not None and getattr(dm, "src_tokenizer", None) is not None:
-            # The SentencePiece models travel inside the checkpoint, so it can be evaluated on a
-            # machine without the training run's data/ folder.
-            checkpoint["tokenizers"] = {
-                side: {"name": tok.model_path.name, "model": tok.to_bytes()}
-                for side, tok in (("src", dm.src_tokenizer), ("tgt", dm.tgt_tokenizer))
-            }
+        self.nonfinite.count()  # an up-to-date count; a too long bad streak stops here, unwritten
+        write_training_state(checkpoint, self.nonfinite.skipped, self._tokenizers())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._rng_to_restore = checkpoint.get("rng_states")
-        self.skipped_steps = checkpoint.get("skipped_steps", 0)
+        self._rng_to_restore, self.nonfinite.skipped = read_training_state(checkpoint)
 
-
-def get_rng_states() -> dict[str, Any]:
-    """The global random states, as tensors and plain values (loadable with weights_only)."""
-    kind, keys, pos, has_gauss, cached = np.random.get_state()
-    states = {
-        "torch": torch.get_rng_state(),
-        "numpy": [kind, torch.from_numpy(keys.astype(np.int64)), pos, has_gauss, cached],
-        "python": random.getstate(),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        states["cuda"] = torch.cuda.get_rng_state()  # this process's GPU (one per rank)
-    return states
-
-
-def set_rng_states(states: dict[str, Any]) -> None:
-    torch.set_rng_state(states["torch"])
-    kind, keys, pos, has_gauss, cached = states["numpy"]
-    np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
-    random.setstate(states["python"])
-    cuda = states.get("cuda")
-    if cuda is not None and torch.cuda.is_available():
-        if isinstance(cuda, list):  # checkpoints before 2026-11-22: every visible GPU's state,
-            cuda = cuda[min(torch.cuda.current_device(), len(cuda) - 1)]  # maybe more than here
-        torch.cuda.set_rng_state(cuda)
+    def _tokenizers(self) -> tuple[Tokenizer, Tokenizer] | None:
+        """The data's (source, target) tokenizers, once it has them."""
+        dm = self.trainer.datamodule
+        if not isinstance(dm, TranslationDataModule) or dm.src_tokenizer is None:
+            return None
+        return dm.src_tokenizer, dm.tgt_tokenizer

@@ -32,7 +32,7 @@ from transformer.checkpoints import CheckpointError, read_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.sources import DataError
 from transformer.errors import TrainingStopped
-from transformer.lit_module import TranslationModule, ValidationDecoding
+from transformer.lit_module import TranslationModule, validation_decoding
 
 log = logging.getLogger(__name__)
 
@@ -107,7 +107,7 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     if not 0.0 <= eps < 1.0:
         raise ConfigError(f"loss.label_smoothing must be in [0, 1), got {eps}")
     try:  # the options' one check, the module's own
-        ValidationDecoding.from_dict(OmegaConf.to_container(cfg.validation.decoding, resolve=True))
+        validation_decoding(OmegaConf.to_container(cfg.validation.decoding, resolve=True))
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from err
     n = cfg.validation.bleu_sentences

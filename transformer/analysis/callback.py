@@ -23,6 +23,7 @@ from transformer.analysis.report import (
     write_stats,
 )
 from transformer.data.collate import encode_sources, encode_targets
+from transformer.lit_module import TranslationModule
 from transformer.model import ATTENTION_TYPES
 
 log = logging.getLogger(__name__)
@@ -83,6 +84,10 @@ class AttentionMapsCallback(Callback):
             self._val_texts = (dm.sources("val")[:count], dm.references("val")[:count])
         return self._val_texts[0][:count], self._val_texts[1][:count]
 
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        if not isinstance(pl_module, TranslationModule):  # it decodes with pl_module.decoding
+            raise TypeError(f"AttentionMapsCallback needs a TranslationModule, not {pl_module}")
+
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
@@ -97,7 +102,7 @@ class AttentionMapsCallback(Callback):
         with torch.no_grad():
             self._analyse(trainer, pl_module)
 
-    def _analyse(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+    def _analyse(self, trainer: L.Trainer, pl_module: TranslationModule) -> None:
         dm, model, step = trainer.datamodule, pl_module.model, trainer.global_step
         src_tok, tgt_tok = dm.src_tokenizer, dm.tgt_tokenizer
         out = self.out_dir / f"step{step:07d}"
@@ -109,14 +114,11 @@ class AttentionMapsCallback(Callback):
         else:
             count = max(self.num_probes, self.num_samples)
             sources, references = val_src[:count], val_ref[:count]
-        # Probes are decoded greedily, within validation's length limits (a ValidationDecoding).
-        decoding = getattr(pl_module, "decoding", None)
         probes = None
-        if sources:
+        if sources:  # decoded greedily, with validation's length rules
             probes = translate_probes(
-                model, src_tok, tgt_tok, sources, references,
-                getattr(decoding, "max_len_a", 1.2), getattr(decoding, "max_len_b", 10),
-            )  # fmt: skip
+                model, src_tok, tgt_tok, sources, references, pl_module.decoding
+            )
         images: Images = {}
         if probes is not None and self.num_probes > 0 and self.types:
             first = probes.first(self.num_probes)

@@ -13,8 +13,9 @@ from transformer.analysis.heads import HeadEvaluator, head_importance, prune_gre
 from transformer.analysis.maps import translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
 from transformer.data.collate import encode_sources, encode_targets
+from transformer.decoding import DecodeOptions
 from transformer.model import ATTENTION_TYPES
-from transformer.translate import DecodeOptions, Translator
+from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def run_analysis(
     if count is not None:
         sources, references = sources[: int(count)], references[: int(count)]
     if kind == "heads":
-        greedy = DecodeOptions(beam_size=1)
+        greedy = DecodeOptions(strategy="greedy")
         evaluator = HeadEvaluator(translator, sources, references, greedy)
         baseline, scores = head_importance(evaluator)
         points = prune_greedily(evaluator, scores, float(options.prune_step))

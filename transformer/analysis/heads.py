@@ -20,10 +20,11 @@ import torch.nn.functional as F
 from transformer.analysis import plots
 from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import EOS_ID
+from transformer.decoding import DecodeOptions
 from transformer.decoding.step import evaluating
 from transformer.metrics import score_translations
 from transformer.model import ATTENTION_TYPES, Transformer
-from transformer.translate import DecodeOptions, Translator
+from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
 

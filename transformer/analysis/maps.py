@@ -14,7 +14,7 @@ from torch import Tensor
 
 from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from transformer.decoding import greedy_decode
+from transformer.decoding import DecodeOptions, greedy_decode
 from transformer.decoding.step import evaluating
 from transformer.model import ATTENTION_TYPES, AttentionMaps, Transformer
 
@@ -104,22 +104,17 @@ def translate_probes(
     tgt_tok: Tokenizer,
     sources: Sequence[str],
     references: Sequence[str] | None = None,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
+    options: DecodeOptions | None = None,
 ) -> Probes:
-    """Tokenize the probes and translate them greedily (the validation decoder's rules)."""
+    """Tokenize the probes and translate them greedily, with the length rules of ``options``
+    (validation's; default: :class:`DecodeOptions`')."""
     limit = model.cfg.max_positions
     src_ids = encode_sources(src_tok, sources, limit)
     ref_ids = None if references is None else encode_targets(tgt_tok, references, limit)
     device = next(model.parameters()).device
-    out = greedy_decode(
-        model, pad(src_ids, model.cfg.pad_id, device), BOS_ID, EOS_ID,
-        max_len_a=max_len_a, max_len_b=max_len_b,
-    ).tolist()  # fmt: skip
-    hyp_ids = []
-    for row in out:
-        tokens = row[: row.index(EOS_ID)] if EOS_ID in row else row
-        hyp_ids.append([BOS_ID, *tokens])
+    src = pad(src_ids, model.cfg.pad_id, device)
+    hyps = greedy_decode(model, src, options or DecodeOptions(), bos_id=BOS_ID, eos_id=EOS_ID)
+    hyp_ids = [[BOS_ID, *best.tokens] for (best,) in hyps]
     hypotheses = [tgt_tok.decode(ids) for ids in hyp_ids]
     return Probes(
         list(sources), None if references is None else list(references),

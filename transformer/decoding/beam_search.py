@@ -13,69 +13,48 @@ loop: the ids it bans are index tensors made before it.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 from torch import Tensor
 
-from transformer.decoding.greedy import sentence_max_lengths
-from transformer.decoding.step import Stepper, evaluating
+from transformer.decoding.options import DecodeOptions
+from transformer.decoding.step import (
+    Hypothesis,
+    Stepper,
+    ban_repeated_ngrams,
+    evaluating,
+    sentence_max_lengths,
+)
 from transformer.masks import padding_mask
 from transformer.model import Transformer
-
-
-@dataclass
-class Hypothesis:
-    tokens: list[int]  # generated ids, without bos and eos
-    score: float  # sum of token log-probabilities (eos included) / length ** len_penalty
-
-
-def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
-    """Forbid any token that would repeat an n-gram already in ``generated`` (N, t): (N, V)."""
-    t = generated.size(1)
-    if n <= 0 or t < n:
-        return lprobs
-    windows = generated.unfold(1, n, 1)  # (N, t - n + 1, n)
-    match = (windows[..., :-1] == generated[:, None, t - n + 1 :]).all(-1)  # (N, t - n + 1)
-    banned = torch.zeros_like(lprobs).scatter_add_(1, windows[..., -1], match.to(lprobs.dtype))
-    return lprobs.masked_fill(banned > 0, float("-inf"))
 
 
 @torch.no_grad()
 def beam_search(
     model: Transformer,
     src: Tensor,
+    options: DecodeOptions,
     *,
     bos_id: int,
     eos_id: int,
     src_pad_mask: Tensor | None = None,
-    beam_size: int = 5,
-    len_penalty: float = 1.0,
-    max_len_a: float = 1.2,
-    max_len_b: int = 10,
-    min_len: int = 1,
-    nbest: int = 1,
-    no_repeat_ngram_size: int = 0,
-    use_cache: bool = True,
     max_lengths: Tensor | None = None,
+    use_cache: bool = True,
 ) -> list[list[Hypothesis]]:
-    """Translate ``src`` (B, S); return each sentence's ``nbest`` hypotheses, best first.
+    """Translate ``src`` (B, S); return each sentence's ``options.nbest`` hypotheses, best first.
 
     Every hypothesis has between ``min_len`` and ``max_len_a * source_length + max_len_b`` tokens
     before its eos (capped by the model's ``max_positions``); its score divides the log-probability
     by its length with eos, to the power ``len_penalty`` (0: raw log-probability; above 1: longer
     hypotheses favoured more). ``max_lengths`` (B,) sets each sentence's maximum instead of
-    ``max_len_a`` and ``max_len_b`` (length-controlled decoding).
+    ``max_len_a`` and ``max_len_b`` (length-controlled decoding). ``options.strategy`` is not
+    read: this is the beam search.
     """
-    if not 1 <= nbest <= beam_size:
-        raise ValueError(f"nbest={nbest} must be between 1 and beam_size={beam_size}")
-    if min_len < 0:
-        raise ValueError(f"min_len={min_len} must be >= 0")
     pad_id = model.cfg.pad_id
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
-    B, K, device = src.size(0), beam_size, src.device
-    max_len = sentence_max_lengths(model, src_pad_mask, max_len_a, max_len_b, min_len, max_lengths)
+    B, K, device = src.size(0), options.beam_size, src.device
+    min_len, len_penalty = options.min_len, options.len_penalty
+    max_len = sentence_max_lengths(model, src_pad_mask, options, max_lengths)
     L = int(max_len.max()) + 1  # steps, eos included
     out_scores = torch.full((B, K), float("-inf"), device=device)
     out_tokens = torch.full((B, K, L), pad_id, device=device)
@@ -97,7 +76,7 @@ def beam_search(
             n, k = scores.shape
             lprobs = stepper.log_probs(prefixes)  # (n * k, V)
             lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
-            lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], no_repeat_ngram_size)
+            lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], options.no_repeat_ngram_size)
             V = lprobs.size(-1)
             if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
@@ -154,6 +133,7 @@ def beam_search(
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
             prefixes = prefixes.view(n, K, t + 2)[keep].view(-1, t + 2)
 
+    nbest = options.nbest
     return _hypotheses(out_scores[:, :nbest].cpu(), out_tokens[:, :nbest].cpu(), eos_id)
 
 

@@ -1,4 +1,5 @@
-"""One decoding step for a batch of prefixes, with or without the KV cache.
+"""One decoding step for a batch of prefixes, with or without the KV cache, and the rules both
+searches apply at each step: output length limits, banned n-grams.
 
 Searches (greedy, beam) see only :class:`Stepper`: ``log_probs(prefixes)`` gives the next-token
 log-probabilities of each row and ``reorder(index)`` keeps the rows that survive, so the cached and
@@ -9,11 +10,60 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
 
+from transformer.decoding.options import DecodeOptions
 from transformer.model import Transformer
+
+
+@dataclass
+class Hypothesis:
+    """One translation of a sentence, as both searches return it."""
+
+    tokens: list[int]  # generated ids, without bos and eos
+    score: float | None  # beam: log-prob. (eos included) / length ** len_penalty; greedy: None
+
+
+def max_output_lengths(
+    src_lens: Tensor,
+    max_len_a: float,
+    max_len_b: int,
+    min_len: int,
+    cap: int,
+    max_lengths: Tensor | None = None,
+) -> Tensor:
+    """(B,) most tokens before eos per sentence: ``a * src_len + b`` (or the given
+    ``max_lengths``) within [min_len, cap]."""
+    if max_lengths is None:
+        lengths = (src_lens.float() * max_len_a).floor().long() + max_len_b
+    else:
+        lengths = max_lengths.to(src_lens.device, torch.long)
+    return lengths.clamp(min=min(min_len, cap), max=cap)
+
+
+def sentence_max_lengths(
+    model: Transformer, src_pad_mask: Tensor, options: DecodeOptions, max_lengths: Tensor | None
+) -> Tensor:
+    """(B,) most tokens before eos for each source row, within the model's positions (the
+    decoder reads bos and every token but eos): :func:`max_output_lengths` of the rows."""
+    return max_output_lengths(
+        (~src_pad_mask).sum(1), options.max_len_a, options.max_len_b, options.min_len,
+        model.cfg.max_positions - 1, max_lengths,
+    )  # fmt: skip
+
+
+def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
+    """Forbid any token that would repeat an n-gram already in ``generated`` (N, t): (N, V)."""
+    t = generated.size(1)
+    if n <= 0 or t < n:
+        return lprobs
+    windows = generated.unfold(1, n, 1)  # (N, t - n + 1, n)
+    match = (windows[..., :-1] == generated[:, None, t - n + 1 :]).all(-1)  # (N, t - n + 1)
+    banned = torch.zeros_like(lprobs).scatter_add_(1, windows[..., -1], match.to(lprobs.dtype))
+    return lprobs.masked_fill(banned > 0, float("-inf"))
 
 
 @contextmanager
