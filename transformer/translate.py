@@ -9,6 +9,7 @@ import torch
 from transformer.data.collate import encode_sources, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transformer.decoding import beam_search, greedy_decode
+from transformer.errors import ConfigError
 from transformer.model import Transformer
 
 
@@ -39,13 +40,13 @@ class DecodeOptions:
 
     def __post_init__(self) -> None:
         if self.beam_size < 1:
-            raise ValueError(f"decode.beam_size must be >= 1, got {self.beam_size}")
+            raise ConfigError(f"decode.beam_size must be >= 1, got {self.beam_size}")
         if not 1 <= self.nbest <= self.beam_size:
-            raise ValueError(
+            raise ConfigError(
                 f"decode.nbest={self.nbest} must be between 1 and decode.beam_size={self.beam_size}"
             )
         if self.min_len < 0 or self.max_len_a < 0 or self.max_tokens < 1:
-            raise ValueError("decode.min_len, decode.max_len_a and decode.max_tokens must be >= 0")
+            raise ConfigError("decode.min_len, decode.max_len_a and decode.max_tokens must be >= 0")
 
 
 @dataclass
