@@ -9,6 +9,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from transformer.errors import UserError
 from transformer.evaluation import evaluate
 
 
@@ -16,7 +17,7 @@ from transformer.evaluation import evaluate
 def main(cfg: DictConfig) -> None:
     try:
         result = evaluate(cfg)
-    except ValueError as err:  # bad options, checkpoints or data: the message says what to fix
+    except UserError as err:  # bad options, checkpoints or data: the message says what to fix
         sys.exit(f"error: {err}")
     if "analysis" in result:
         print(f"analysis={result['analysis']}: written to {result['out_dir']}")

@@ -8,14 +8,15 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from transformer.training import USER_ERRORS, train
+from transformer.errors import UserError
+from transformer.training import train
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     try:
         metrics = train(cfg)
-    except USER_ERRORS as err:  # the message names the fix
+    except UserError as err:  # the message names the fix; any other exception is a bug
         sys.exit(f"error: {err}")
     return metrics.get("val/bleu")  # for sweepers that optimise a value
 

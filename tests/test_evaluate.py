@@ -15,8 +15,9 @@ import torch
 from hydra import compose, initialize_config_dir
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
-from transformer.checkpoints import CheckpointError, average_checkpoints, load_checkpoint
+from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import main as average_main
+from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.evaluation import evaluate
 from transformer.training import train
 from transformer.translate import length_batches
@@ -203,6 +204,59 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     )  # fmt: skip
     assert missing.returncode != 0
     assert "error: checkpoint" in missing.stderr and "Traceback" not in missing.stderr
+
+
+# evaluate.py with transformer.evaluation.evaluate replaced by one that raises the given exception.
+RAISING_EVALUATE = """
+import runpy, sys
+import transformer.evaluation
+from transformer.errors import ConfigError
+
+def evaluate(cfg):
+    raise {}
+
+transformer.evaluation.evaluate = evaluate
+sys.argv = ["evaluate.py", *sys.argv[1:]]
+runpy.run_path("evaluate.py", run_name="__main__")
+"""
+
+
+def test_evaluate_py_prints_a_user_error_in_one_line_and_a_bug_with_its_traceback(tmp_path):
+    def run(exception: str) -> subprocess.CompletedProcess:
+        script = RAISING_EVALUATE.format(exception)
+        args = ["ckpt_path=x.ckpt", f"hydra.run.dir={tmp_path}"]
+        return subprocess.run([sys.executable, "-c", script, *args],
+                              cwd=REPO, capture_output=True, text=True, timeout=120)  # fmt: skip
+
+    user = run('ConfigError("dtype=half is not one of float32 | bfloat16 | float16")')
+    assert user.returncode == 1
+    assert user.stderr.strip() == "error: dtype=half is not one of float32 | bfloat16 | float16"
+    bug = run('ValueError("a bug")')  # a ValueError from torch, say: not the user's to fix
+    assert bug.returncode != 0
+    assert "Traceback" in bug.stderr and "ValueError: a bug" in bug.stderr
+    assert "error: a bug" not in bug.stderr
+
+
+def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path) -> None:
+    """What evaluate.py printed as one line while it caught every ValueError still does."""
+    ckpt, _ = trained
+    latin1 = tmp_path / "latin1.txt"
+    latin1.write_bytes("groß\n".encode("latin-1"))
+    cases = [
+        (["input=none.txt"], ConfigError, "input=none.txt: no such file"),
+        ([f"input={latin1}"], DataError, "latin1.txt: bytes that are not UTF-8"),
+        (["decode.beam_size=0"], ConfigError, "decode.beam_size must be >= 1"),
+        (["+data.max_len=0"], ConfigError, r"invalid data option \(data\.\*\): max_len must be"),
+        (["analysis=maps", "analysis_options.probes=two"], ConfigError,
+         "analysis_options.probes='two' is not a whole number"),
+    ]  # fmt: skip
+    for overrides, error, message in cases:
+        with pytest.raises(error, match=message):
+            evaluate(eval_cfg([f"ckpt_path={ckpt}", *overrides], tmp_path / "out"))
+    edited = load_checkpoint(ckpt)
+    edited["hyper_parameters"]["model"]["num_heads"] = 3  # does not divide d_model
+    with pytest.raises(CheckpointError, match="edited.ckpt: its model config is invalid"):
+        model_from_checkpoint(edited, "edited.ckpt")
 
 
 def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> None:

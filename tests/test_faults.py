@@ -22,10 +22,9 @@ from tiny_corpus import REPO, compose_cfg, tiny_overrides, write_corpus
 from transformer import atomic, lit_module
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import load_checkpoint
-from transformer.data.sources import DataError
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import NonFiniteLoss
-from transformer.training import USER_ERRORS, train
+from transformer.errors import DataError, NonFiniteLoss, UserError
+from transformer.training import train
 
 
 @pytest.fixture(scope="module")
@@ -285,7 +284,7 @@ def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
 
 
 # -- bad input ----------------------------------------------------------------------------------
-# Each is a user error: train() raises one of USER_ERRORS (train.py prints it as one `error:` line
+# Each is a user error: train() raises a UserError (train.py prints it as one `error:` line
 # and exits 1) before any checkpoint is written. Tested elsewhere: invalid UTF-8, mismatched line
 # counts and an all-empty file at the data level (tests/data/test_data_sources.py,
 # test_data_datamodule.py), over-long training lines dropped and counted
@@ -349,7 +348,7 @@ def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_p
     shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
     extra = _corrupt(root, case)
     overrides = [*tiny_overrides(root), "trainer.max_steps=2", *extra]
-    with pytest.raises(USER_ERRORS, match=BAD_TRAINING_INPUT[case]):
+    with pytest.raises(UserError, match=BAD_TRAINING_INPUT[case]):
         train(compose_cfg(overrides, tmp_path / "run"))
     assert not list(tmp_path.glob("run/**/*.ckpt"))
 

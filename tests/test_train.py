@@ -29,8 +29,9 @@ import transformer.translate
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.decoding import DecodeOptions
+from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
-from transformer.training import ConfigError, model_config, train, validate_config
+from transformer.training import model_config, train, validate_config
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))

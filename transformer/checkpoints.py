@@ -25,16 +25,13 @@ import torch
 from transformer.atomic import atomic_save
 from transformer.config import TransformerConfig
 from transformer.data.tokenizer import Tokenizer
+from transformer.errors import CheckpointError
 from transformer.model import Transformer
 
 log = logging.getLogger(__name__)
 
 # What evaluation needs; optimizer, scheduler and loop states are for resuming only.
 KEPT_FOR_EVALUATION = ("hyper_parameters", "datamodule_hyper_parameters", "tokenizers")
-
-
-class CheckpointError(ValueError):
-    """A checkpoint that cannot be used; the message names the file and what is wrong."""
 
 
 # -- training: what train.py adds to Lightning's checkpoint, and reads back to resume ------
@@ -113,8 +110,14 @@ def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
     return ckpt
 
 
-def model_from_checkpoint(ckpt: dict[str, Any]) -> Transformer:
-    model = Transformer(TransformerConfig(**ckpt["hyper_parameters"]["model"]))
+def model_from_checkpoint(
+    ckpt: dict[str, Any], path: str | os.PathLike = "checkpoint"
+) -> Transformer:
+    try:
+        cfg = TransformerConfig(**ckpt["hyper_parameters"]["model"])
+    except ValueError as err:  # the config's own checks (edited, or written by other code)
+        raise CheckpointError(f"{path}: its model config is invalid: {err}") from err
+    model = Transformer(cfg)
     prefix = "model."
     state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
     model.load_state_dict(state)

@@ -1,10 +1,33 @@
-"""Ways training stops early on purpose; train.py reports each as one ``error:`` line."""
+"""The user-error family. train.py and evaluate.py print a :class:`UserError` as one ``error:``
+line and exit 1; any other exception is a bug and keeps its traceback.
+
+The option, data and checkpoint errors are ValueErrors too, and the training stops RuntimeErrors,
+as they were before the family existed: code that catches those keeps catching them.
+"""
 
 from __future__ import annotations
 
 
-class TrainingStopped(RuntimeError):
-    """Training stopped before its end; the message says at which step and what was kept."""
+class UserError(Exception):
+    """An error the user can fix; the message names the file, field or option and the fix.
+    train.py and evaluate.py print it as one ``error:`` line, no traceback."""
+
+
+class ConfigError(UserError, ValueError):
+    """An invalid option; the message names it (as typed on the command line) and the fix."""
+
+
+class DataError(UserError, ValueError):
+    """Unusable input data; the message says what is wrong and what would fix it."""
+
+
+class CheckpointError(UserError, ValueError):
+    """A checkpoint that cannot be used; the message names the file and what is wrong."""
+
+
+class TrainingStopped(UserError, RuntimeError):
+    """Training stopped before its end on purpose; the message says at which step and what was
+    kept."""
 
 
 class NonFiniteLoss(TrainingStopped):

@@ -20,7 +20,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformer.analysis.evaluation import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
-    CheckpointError,
     average_checkpoints,
     load_checkpoint,
     model_from_checkpoint,
@@ -28,6 +27,7 @@ from transformer.checkpoints import (
 )
 from transformer.data.datamodule import TranslationDataModule
 from transformer.decoding import DecodeOptions
+from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.metrics import score_translations
 from transformer.translate import Translator
 
@@ -38,7 +38,7 @@ def _device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda, but no GPU is available; use device=cpu or device=auto")
+        raise ConfigError("device=cuda, but no GPU is available; use device=cpu or device=auto")
     return torch.device(name)
 
 
@@ -49,12 +49,12 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     """The weights' type while decoding (``dtype=``); log-probabilities and beam scores are
     float32 whatever it is (:class:`transformer.decoding.step.Stepper`)."""
     if name not in DTYPES:
-        raise ValueError(f"dtype={name} is not one of {' | '.join(DTYPES)}")
+        raise ConfigError(f"dtype={name} is not one of {' | '.join(DTYPES)}")
     if name == "float16" and device.type == "cpu":
-        raise ValueError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
-                         "dtype=bfloat16")  # fmt: skip
+        raise ConfigError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
+                          "dtype=bfloat16")  # fmt: skip
     if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ValueError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
+        raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
     return DTYPES[name]
 
 
@@ -98,11 +98,14 @@ def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> Trans
     settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
     given = {k: v for k, v in OmegaConf.to_container(overrides).items() if v is not None}
     if not settings and "source" not in given:
-        raise ValueError(
+        raise ConfigError(
             f"{path} records no data settings; name the corpus, e.g. data.source=multi30k "
             "data.root=DIR data.src_lang=en data.tgt_lang=de"
         )
-    return TranslationDataModule(**{**settings, **given})
+    try:
+        return TranslationDataModule(**{**settings, **given})
+    except ValueError as err:  # as training.build_datamodule reports the module's own check
+        raise ConfigError(f"invalid data option (data.*): {err}") from err
 
 
 def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
@@ -111,17 +114,22 @@ def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
     settings = dict(settings)
     max_tokens = settings.pop("max_tokens")
     if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ValueError(f"decode.max_tokens must be an integer >= 1, got {max_tokens!r}")
+        raise ConfigError(f"decode.max_tokens must be an integer >= 1, got {max_tokens!r}")
     return DecodeOptions.from_dict(settings, prefix="decode"), max_tokens
 
 
 def _read_input(input_path: str) -> list[str]:
-    if input_path == "-":
-        return sys.stdin.read().splitlines()
     path = Path(input_path)
-    if not path.is_file():
-        raise ValueError(f"input={input_path}: no such file")
-    return path.read_text(encoding="utf-8").splitlines()
+    if input_path != "-" and not path.is_file():
+        raise ConfigError(f"input={input_path}: no such file")
+    try:
+        text = sys.stdin.read() if input_path == "-" else path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as err:
+        raise DataError(
+            f"input={input_path}: bytes that are not UTF-8 ({err.object[err.start : err.end]!r}); "
+            "re-encode it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    return text.splitlines()
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
@@ -141,7 +149,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         (out_dir / name).unlink(missing_ok=True)
     ckpt, paths = _checkpoint(cfg.ckpt_path)
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
-    translator = Translator(model_from_checkpoint(ckpt).to(device, dtype), src_tok, tgt_tok)
+    model = model_from_checkpoint(ckpt, paths[0]).to(device, dtype)
+    translator = Translator(model, src_tok, tgt_tok)
 
     if cfg.input is not None:
         lines = _read_input(str(cfg.input))

@@ -28,24 +28,14 @@ from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from transformer.atomic import AtomicCheckpointIO
-from transformer.checkpoints import CheckpointError, read_tokenizer_models
+from transformer.checkpoints import read_tokenizer_models
 from transformer.config import TransformerConfig
-from transformer.data.sources import DataError
-from transformer.errors import TrainingStopped
+from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule, validation_decoding
 
 log = logging.getLogger(__name__)
 
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
-
-
-class ConfigError(ValueError):
-    """An invalid option; the message names it (as typed on the command line) and the fix."""
-
-
-# What train.py reports as one ``error:`` line, without a traceback: user errors (the message names
-# the option or file at fault and the fix) and deliberate stops (NaN losses, SIGTERM/SIGINT).
-USER_ERRORS = (ConfigError, DataError, CheckpointError, TrainingStopped)
 
 
 def _unknown_option(group: str, key: str, known: list[str]) -> ConfigError:

@@ -16,8 +16,8 @@ from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 
 from transformer.data import datamodule as dm_module
 from transformer.data.collate import Batch
-from transformer.data.sources import DataError
 from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
+from transformer.errors import DataError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
 

@@ -11,10 +11,10 @@ import pytest
 import torch
 from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 
-from transformer.checkpoints import CheckpointError, read_tokenizer_models
+from transformer.checkpoints import read_tokenizer_models
 from transformer.data import datamodule as dm_module
-from transformer.data.sources import DataError
 from transformer.data.tokenizer import Tokenizer
+from transformer.errors import CheckpointError, DataError
 
 
 def build(

@@ -11,12 +11,12 @@ from tinycorpus import write_lines
 
 from transformer.data import sources
 from transformer.data.sources import (
-    DataError,
     HFSource,
     LocalSource,
     Multi30kSource,
     read_lines,
 )
+from transformer.errors import DataError
 
 
 @pytest.mark.parametrize("name", ["a.txt", "a.txt.gz"])
@@ -128,3 +128,14 @@ def test_multi30k_rejects_unknown_language(tmp_path):
 def test_hf_source_needs_name_or_path():
     with pytest.raises(DataError, match="hf_name"):
         HFSource("en", "de")
+
+
+def test_hf_config_the_dataset_lacks_is_a_data_error(monkeypatch):
+    import datasets
+
+    def load_dataset(name, config):
+        raise ValueError(f"BuilderConfig '{config}' not found. Available: ['de-en']")
+
+    monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+    with pytest.raises(DataError, match=r"data.hf_name=wmt14 data.hf_config=xx-en: BuilderConfig"):
+        HFSource("en", "de", name="wmt14", config="xx-en").read("train")

@@ -7,8 +7,8 @@ import pickle
 import pytest
 from tinycorpus import TINY_VOCAB, make_pairs
 
-from transformer.data.sources import DataError
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+from transformer.errors import DataError
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])

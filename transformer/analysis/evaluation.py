@@ -14,6 +14,7 @@ from transformer.analysis.maps import translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
 from transformer.data.collate import encode_sources, encode_targets
 from transformer.decoding import DecodeOptions
+from transformer.errors import ConfigError
 from transformer.model import ATTENTION_TYPES
 from transformer.translate import Translator
 
@@ -24,7 +25,16 @@ ANALYSES = ("heads", "maps")
 
 def check_analysis(kind: str | None) -> None:
     if kind is not None and kind not in ANALYSES:
-        raise ValueError(f"analysis={kind}: choose one of {', '.join(ANALYSES)}, or null")
+        raise ConfigError(f"analysis={kind}: choose one of {', '.join(ANALYSES)}, or null")
+
+
+def _number(options: DictConfig, name: str, kind: type[int] | type[float]) -> Any:
+    """``analysis_options.<name>`` as ``kind``; a ConfigError naming the option if it is not one."""
+    try:
+        return kind(options[name])
+    except ValueError as err:
+        what = "a whole number" if kind is int else "a number"
+        raise ConfigError(f"analysis_options.{name}={options[name]!r} is not {what}") from err
 
 
 def run_analysis(
@@ -39,17 +49,18 @@ def run_analysis(
     check_analysis(kind)
     count = options.sentences
     if count is not None:
-        sources, references = sources[: int(count)], references[: int(count)]
+        count = _number(options, "sentences", int)
+        sources, references = sources[:count], references[:count]
     if kind == "heads":
         greedy = DecodeOptions(strategy="greedy")
         evaluator = HeadEvaluator(translator, sources, references, greedy)
         baseline, scores = head_importance(evaluator)
-        points = prune_greedily(evaluator, scores, float(options.prune_step))
+        points = prune_greedily(evaluator, scores, _number(options, "prune_step", float))
         result = write_report(out_dir, baseline, scores, points, len(sources))
         log.info("head importance written to %s (heads.md, heads.json, heads_*.png)", out_dir)
         return {"analysis": "heads", "out_dir": str(out_dir), **result}
     model, src_tok, tgt_tok = translator.model, translator.src_tokenizer, translator.tgt_tokenizer
-    n = int(options.probes)
+    n = _number(options, "probes", int)
     probes = translate_probes(model, src_tok, tgt_tok, sources[:n], references[:n])
     render_maps(model, probes, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES)
     limit = model.cfg.max_positions

@@ -3,8 +3,8 @@
 from transformer.data.collate import Batch, Collator
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.sampler import TokenBudgetBatchSampler
-from transformer.data.sources import DataError
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from transformer.errors import DataError
 
 __all__ = [
     "BOS_ID",

@@ -17,8 +17,9 @@ import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from transformer.data.collate import Example
-from transformer.data.sources import DataError, ParallelText
+from transformer.data.sources import ParallelText
 from transformer.data.tokenizer import Tokenizer
+from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 

@@ -23,13 +23,13 @@ from transformer.data.collate import Collator, padded_sizes
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.sources import (
     CorpusSource,
-    DataError,
     HFSource,
     LocalSource,
     Multi30kSource,
     ParallelText,
 )
 from transformer.data.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer, train_tokenizer
+from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 

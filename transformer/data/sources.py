@@ -20,6 +20,7 @@ from functools import partial
 from pathlib import Path
 
 from transformer.atomic import atomic_write
+from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -27,10 +28,6 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 MULTI30K_LANGS = ("en", "de", "fr", "cs")
 DOWNLOAD_TIMEOUT_S = 10.0
-
-
-class DataError(ValueError):
-    """Unusable input data; the message says what is wrong and what would fix it."""
 
 
 @dataclass
@@ -299,7 +296,12 @@ class HFSource(CorpusSource):
             if self.path is not None:
                 self._dict = datasets.load_from_disk(str(self.path))
             else:
-                self._dict = datasets.load_dataset(self.name, self.config)
+                try:
+                    self._dict = datasets.load_dataset(self.name, self.config)
+                except ValueError as err:  # e.g. a config the dataset does not have
+                    raise DataError(
+                        f"data.hf_name={self.name} data.hf_config={self.config}: {err}"
+                    ) from err
         if split not in self._dict:
             raise DataError(f"{self.tag} has no split {split!r}; it has {list(self._dict)}")
         ds = self._dict[split]

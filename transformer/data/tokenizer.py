@@ -13,7 +13,7 @@ from pathlib import Path
 
 import sentencepiece as spm
 
-from transformer.data.sources import DataError
+from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 

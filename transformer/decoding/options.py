@@ -8,6 +8,8 @@ from collections.abc import Mapping
 from dataclasses import InitVar, dataclass, fields
 from typing import Any
 
+from transformer.errors import ConfigError
+
 STRATEGIES = ("greedy", "beam")
 
 
@@ -31,7 +33,7 @@ class DecodeOptions:
 
     def __post_init__(self, prefix: str) -> None:
         if self.strategy not in STRATEGIES:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}.strategy={self.strategy!r}; choose one of "
                 + " or ".join(repr(s) for s in STRATEGIES)
             )
@@ -48,16 +50,16 @@ class DecodeOptions:
             kinds = int if integer else (int, float)
             if isinstance(value, bool) or not isinstance(value, kinds) or not math.isfinite(value):
                 kind = "an integer" if integer else "a number"
-                raise ValueError(f"{prefix}.{name} must be {kind}, got {value!r}")
+                raise ConfigError(f"{prefix}.{name} must be {kind}, got {value!r}")
             if low is not None and value < low:
-                raise ValueError(f"{prefix}.{name} must be >= {low}, got {value}")
+                raise ConfigError(f"{prefix}.{name} must be >= {low}, got {value}")
         if self.strategy == "greedy" and self.nbest > 1:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}.nbest={self.nbest}: greedy decoding gives one translation; set "
                 f"{prefix}.strategy=beam"
             )
         if self.nbest > self.beam_size:
-            raise ValueError(
+            raise ConfigError(
                 f"{prefix}.nbest={self.nbest} must be between 1 and beam_size={self.beam_size}"
             )
 
@@ -67,5 +69,5 @@ class DecodeOptions:
         known = [f.name for f in fields(cls)]
         for key in options:
             if key not in known:
-                raise ValueError(f"unknown option {prefix}.{key}; known: {', '.join(known)}")
+                raise ConfigError(f"unknown option {prefix}.{key}; known: {', '.join(known)}")
         return cls(**options, prefix=prefix)
