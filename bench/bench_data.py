@@ -72,7 +72,7 @@ def step_time(dm: TranslationDataModule, steps: int) -> float:
         causal = torch.ones(t, t, dtype=torch.bool, device=device).triu(1)  # True = masked
         h = model(
             emb(b.src), emb(b.tgt_in), tgt_mask=causal, src_key_padding_mask=b.src_pad_mask,
-            tgt_key_padding_mask=b.tgt_pad_mask, memory_key_padding_mask=b.src_pad_mask,
+            tgt_key_padding_mask=b.tgt_in.eq(dm.pad_id), memory_key_padding_mask=b.src_pad_mask,
         )  # fmt: skip
         loss = torch.nn.functional.cross_entropy(
             out(h).flatten(0, 1), b.labels.flatten(), ignore_index=dm.pad_id

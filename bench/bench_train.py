@@ -7,14 +7,17 @@ on CUDA). The peers' loss is torch's cross entropy on their full (B, T, V) logit
 Face or fairseq loop computes it; ours is its own training loss (TranslationModule's): the output
 projection fused with the loss, in chunks, over the non-pad positions only (transformer/loss.py).
 --full-logits-too adds a system "ours, full logits": a copy of ours trained with the peers' loss,
-which times our model alone and, against ours, what the fused loss gains. Per
-system, each the median over the timed steps (robust to a busy machine's stalls): target (non-pad)
-tokens/s, achieved model TFLOP/s and MFU, and the per-batch speed ratio ours / system; and peak
-memory.
+which times our model alone and, against ours, what the fused loss gains. --tgt-pad-mask-too
+adds "torch.nn.Transformer, target padding mask": torch's model given the target padding mask,
+as users usually call it (causality alone guards right-padded targets, so the others go
+without). Per system, each the median over the timed steps (robust to a busy machine's
+stalls): target (non-pad) tokens/s, achieved model TFLOP/s and MFU, and the per-batch speed
+ratio ours / system; and peak memory.
 
     python bench/bench_train.py                          # base; bf16 on a GPU, fp32 on CPU
     python bench/bench_train.py --model big --compile
     python bench/bench_train.py --model tiny --device cpu --tokens 4000 --steps 5
+    python bench/bench_train.py --model base --vocab 8000 --full-logits-too --tgt-pad-mask-too
 
 Systems:
   ours                   transformer.Transformer: pre-norm, one embedding shared by encoder,
@@ -259,10 +262,14 @@ def state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
 
 
 FULL_LOGITS = "ours, full logits"  # a copy of ours trained with the peers' loss
+TORCH_TGT_PAD = "torch.nn.Transformer, target padding mask"  # as users usually call it
 
 
 def build_systems(
-    cfg: TransformerConfig, notes: list[str], full_logits_too: bool = False
+    cfg: TransformerConfig,
+    notes: list[str],
+    full_logits_too: bool = False,
+    tgt_pad_mask_too: bool = False,
 ) -> dict[str, nn.Module]:
     torch.manual_seed(0)
     systems: dict[str, nn.Module] = {"ours": Transformer(cfg)}
@@ -270,6 +277,8 @@ def build_systems(
         systems[FULL_LOGITS] = copy.deepcopy(systems["ours"])
     # causal mask only, like ours and Marian (right-padded targets need no padding mask)
     systems["torch.nn.Transformer"] = TorchTransformer(cfg, tgt_pad_mask=False)
+    if tgt_pad_mask_too:
+        systems[TORCH_TGT_PAD] = TorchTransformer(cfg, tgt_pad_mask=True)
     if importlib.util.find_spec("transformers") is None:
         notes.append("MarianMTModel: transformers not installed (pip install -e '.[bench]')")
     else:
@@ -296,6 +305,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--full-logits-too", action="store_true",
         help=f"add '{FULL_LOGITS}': a copy of ours trained with the peers' loss",
     )  # fmt: skip
+    p.add_argument(
+        "--tgt-pad-mask-too", action="store_true",
+        help=f"add '{TORCH_TGT_PAD}': torch.nn.Transformer given the target padding mask too",
+    )  # fmt: skip
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--steps", type=int, default=10, help="timed steps per system")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps (compilation) first")
@@ -319,7 +332,7 @@ def main(argv: Sequence[str] | None = None) -> Result:
         torch.backends.cudnn.allow_tf32 = True
     cfg = model_config(args.model, args.vocab, args.dropout)
     notes: list[str] = []
-    systems = build_systems(cfg, notes, args.full_logits_too)
+    systems = build_systems(cfg, notes, args.full_logits_too, args.tgt_pad_mask_too)
     opts, params, losses = {}, {}, {}
     for name, model in systems.items():
         model.to(device).train()

@@ -1,8 +1,11 @@
 """Callbacks that slow training down, so a test can interrupt a ``train.py`` subprocess at a
-chosen point (``+callbacks.slow._target_=fault_kit.SlowSteps``, with ``tests/`` on PYTHONPATH)."""
+chosen point (``+callbacks.slow._target_=fault_kit.SlowSteps``, with ``tests/`` on PYTHONPATH),
+or record what it trained on (``fault_kit.BatchIdRecorder``)."""
 
 from __future__ import annotations
 
+import json
+import os
 import time
 from pathlib import Path
 
@@ -63,3 +66,18 @@ class StopAtStep(Callback):
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.global_step >= self.step:
             trainer.should_stop = True
+
+
+class BatchIdRecorder(Callback):
+    """Writes the example ids of every training batch, per rank, to
+    ``<out_dir>/batch_ids.rank<R>.jsonl`` (one line per batch): checks of DDP sharding and of
+    resume order."""
+
+    def __init__(self, out_dir: str | os.PathLike) -> None:
+        self.out_dir = Path(out_dir)
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.out_dir.mkdir(parents=True, exist_ok=True)
+        path = self.out_dir / f"batch_ids.rank{trainer.global_rank}.jsonl"
+        with open(path, "a") as f:
+            f.write(json.dumps({"step": trainer.global_step, "ids": batch.ids.tolist()}) + "\n")

@@ -89,7 +89,7 @@ def start_train_py(corpus: Path, run_dir: Path, *overrides: str) -> subprocess.P
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run_dir}",
         "+callbacks.slow._target_=fault_kit.SlowSteps", "+callbacks.slow.seconds=0.1",
-        "+callbacks.batch_ids._target_=transformer.callbacks.BatchIdRecorder",
+        "+callbacks.batch_ids._target_=fault_kit.BatchIdRecorder",
         f"+callbacks.batch_ids.out_dir={run_dir / 'ids'}", *overrides,
     ]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)

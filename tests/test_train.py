@@ -457,6 +457,7 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
     """Each rank trains on its own batches; validation (beam search here) decodes each rank's
     shard and scores the gathered whole."""
     env = _script_env(tmp_path)
+    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests'}"  # fault_kit.BatchIdRecorder
     ids_dir = tmp_path / "ids"
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus),
@@ -464,7 +465,7 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         "validation.bleu_sentences=null", "trainer.val_check_interval=4",
         "trainer.check_val_every_n_epoch=null",
         "validation.decoding.strategy=beam", "validation.decoding.beam_size=2",
-        "+callbacks.batch_ids._target_=transformer.callbacks.BatchIdRecorder",
+        "+callbacks.batch_ids._target_=fault_kit.BatchIdRecorder",
         f"+callbacks.batch_ids.out_dir={ids_dir}", f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)

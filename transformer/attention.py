@@ -23,9 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from transformer.cache import KVCache
 from transformer.config import check_heads
 from transformer.dropout import dropout
+from transformer.kv_cache import KVCache
 from transformer.masks import attention_allowed, causal_allowed
 
 
@@ -79,7 +79,7 @@ def sdpa(
     enable_gqa: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention``, but for bf16/fp16 inputs on CPU, where PyTorch's
-    attention kernel is 2-3x slower in bf16 than in float32 (BENCHMARKS.md, "bf16 attention on
+    attention kernel is slower in bf16 than in float32 (BENCHMARKS.md, "bf16 attention on
     CPU"). Training (queries that need gradients) goes through :func:`explicit_attention` (bf16
     matrix multiplications, float32 softmax), faster still; inference (decoding, cached or not)
     through the float32 kernel, so that cached and uncached decoding agree. The output keeps the

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import signal
@@ -153,18 +152,3 @@ def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
     progress = trainer.fit_loop.epoch_loop.batch_progress
     ended = progress.is_last_batch or progress.current.ready == trainer.num_training_batches
     return bool(trainer.strategy.broadcast(ended))
-
-
-class BatchIdRecorder(Callback):
-    """Writes the example ids of every training batch, per rank, to
-    ``<out_dir>/batch_ids.rank<R>.jsonl`` (one line per batch): checks of DDP sharding and of
-    resume order."""
-
-    def __init__(self, out_dir: str | os.PathLike) -> None:
-        self.out_dir = Path(out_dir)
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        self.out_dir.mkdir(parents=True, exist_ok=True)
-        path = self.out_dir / f"batch_ids.rank{trainer.global_rank}.jsonl"
-        with open(path, "a") as f:
-            f.write(json.dumps({"step": trainer.global_step, "ids": batch.ids.tolist()}) + "\n")

@@ -196,11 +196,6 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     return averaged
 
 
-def save_checkpoint(ckpt: dict[str, Any], path: str | os.PathLike) -> None:
-    """Write atomically: a reader never sees a half-written file under ``path``."""
-    atomic_save(ckpt, path)
-
-
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m transformer.checkpoints",
@@ -213,7 +208,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         averaged = average_checkpoints(args.inputs)
     except CheckpointError as err:
         parser.exit(2, f"error: {err}\n")
-    save_checkpoint(averaged, args.output)
+    atomic_save(averaged, args.output)  # a reader never sees a half-written file
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     log.info("averaged %d checkpoints into %s", len(args.inputs), args.output)
 

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from transformer.analysis.evaluation import check_analysis, run_analysis
+from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
     average_checkpoints,
@@ -136,7 +136,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
     ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations).
     With ``analysis=heads|maps``, run that analysis on the split instead (see
-    :mod:`transformer.analysis.evaluation`)."""
+    :mod:`transformer.analysis.run`)."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")

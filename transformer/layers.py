@@ -8,9 +8,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from transformer.attention import MultiheadAttention
-from transformer.cache import DecoderCache, KVCache
 from transformer.config import TransformerConfig
 from transformer.dropout import Dropout
+from transformer.kv_cache import DecoderCache, KVCache
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
 

@@ -13,9 +13,9 @@ import torch
 from torch import Tensor, nn
 
 from transformer.attention import MultiheadAttention
-from transformer.cache import DecoderCache
 from transformer.config import TransformerConfig
 from transformer.embedding import TransformerEmbedding
+from transformer.kv_cache import DecoderCache
 from transformer.layers import Decoder, Encoder
 from transformer.masks import padding_mask
 

@@ -50,12 +50,10 @@ class Translator:
         ids = dict(zip(todo, encoded, strict=True))
         for batch in length_batches({i: len(ids[i]) for i in todo}, max_tokens):
             src = pad([ids[i] for i in batch], self.model.cfg.pad_id, self.device)
-            for i, hyps in zip(batch, self._decode(src, options), strict=True):
-                results[i] = hyps
+            hyps = decode_batch(self.model, self.tgt_tokenizer, src, options)
+            for i, sentence in zip(batch, hyps, strict=True):
+                results[i] = sentence
         return results
-
-    def _decode(self, src: torch.Tensor, options: DecodeOptions) -> list[list[Translation]]:
-        return decode_batch(self.model, self.tgt_tokenizer, src, options)
 
 
 def decode_batch(

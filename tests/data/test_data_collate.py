@@ -26,12 +26,11 @@ def test_batch_layout():
     assert b.tgt_in.tolist() == [[BOS_ID, 20, 21, PAD_ID, PAD_ID], [BOS_ID, 22, 23, 24, 25]]
     assert b.labels.tolist() == [[20, 21, EOS_ID, PAD_ID, PAD_ID], [22, 23, 24, 25, EOS_ID]]
     assert b.src_pad_mask.tolist() == [[False] * 4, [False, False, True, True]]
-    assert b.tgt_pad_mask.tolist() == [[False, False, False, True, True], [False] * 5]
     assert b.num_tgt_tokens == 8
     assert b.ids.tolist() == [5, 2]
     for t in (b.src, b.tgt_in, b.labels, b.ids):
         assert t.dtype == torch.long
-    assert b.src_pad_mask.dtype == b.tgt_pad_mask.dtype == torch.bool
+    assert b.src_pad_mask.dtype == torch.bool
     assert len(b) == 2
 
 
@@ -61,7 +60,7 @@ def test_batch_pin_memory_pins_every_tensor(monkeypatch):
     p = b.pin_memory()
     assert isinstance(p, Batch) and p.num_tgt_tokens == b.num_tgt_tokens == 8
     tensors = [f.name for f in fields(Batch) if isinstance(getattr(b, f.name), torch.Tensor)]
-    assert tensors == ["src", "tgt_in", "labels", "src_pad_mask", "tgt_pad_mask", "ids"]
+    assert tensors == ["src", "tgt_in", "labels", "src_pad_mask", "ids"]
     for name in tensors:
         assert getattr(p, name).is_pinned() and not getattr(b, name).is_pinned()
         assert torch.equal(getattr(p, name), getattr(b, name))

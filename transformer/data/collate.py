@@ -34,7 +34,6 @@ class Batch:
     tgt_in: Tensor  # (B, T) long
     labels: Tensor  # (B, T) long
     src_pad_mask: Tensor  # (B, S) bool, True at padding
-    tgt_pad_mask: Tensor  # (B, T) bool, True at padding of tgt_in
     num_tgt_tokens: int  # non-pad labels
     ids: Tensor  # (B,) long
 
@@ -98,7 +97,6 @@ class Collator:
             tgt_in=tgt_in_t,
             labels=labels_t,
             src_pad_mask=padding_mask(src_t, self.pad_id),
-            tgt_pad_mask=padding_mask(tgt_in_t, self.pad_id),
             num_tgt_tokens=int((~labels_mask).sum()),
             ids=torch.from_numpy(ids),
         )

@@ -12,13 +12,6 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from transformer.atomic import atomic_write
-from transformer.data.cache import (
-    TokenizedSplit,
-    build_split,
-    content_digest,
-    file_digest,
-    fingerprint,
-)
 from transformer.data.collate import Collator, padded_sizes
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.sources import (
@@ -27,6 +20,13 @@ from transformer.data.sources import (
     LocalSource,
     Multi30kSource,
     ParallelText,
+)
+from transformer.data.token_cache import (
+    TokenizedSplit,
+    build_split,
+    content_digest,
+    file_digest,
+    fingerprint,
 )
 from transformer.data.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer, train_tokenizer
 from transformer.errors import DataError
