@@ -20,7 +20,8 @@ import torch
 from tiny_corpus import compose_cfg, tiny_overrides, write_corpus
 
 from transformer.checkpoints import load_checkpoint
-from transformer.training import ConfigError, train
+from transformer.errors import ConfigError
+from transformer.training import train
 
 PRECISIONS = ["32-true", "bf16-mixed", "16-mixed"]
 MATRIX = list(

@@ -1,6 +1,11 @@
-"""Ways training stops early on purpose; train.py reports each as one ``error:`` line."""
+"""An invalid option, and the ways training stops early on purpose; train.py reports each as one
+``error:`` line."""
 
 from __future__ import annotations
+
+
+class ConfigError(ValueError):
+    """An invalid option; the message names it (as typed on the command line) and the fix."""
 
 
 class TrainingStopped(RuntimeError):
