@@ -22,16 +22,18 @@ from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
+from omegaconf import OmegaConf
 from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
 import transformer.data.datamodule
 import transformer.translate
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
+from transformer.config_checks import model_config, validate_config
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
-from transformer.training import model_config, train, validate_config
+from transformer.training import train
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
@@ -99,6 +101,51 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
     assert other.experiment_name == "multi30k_de_en_cpu"
     assert list(other.tags) == ["multi30k", "de-en"]
+
+
+# What configs/model/*.yaml and configs/data/*.yaml compose to (the files inherit shared keys:
+# model/base.yaml, data/_shared.yaml): every model's keys beside its shape, and every source's.
+MODEL_KEYS = {
+    "src_vocab_size": "${data.vocab_size}", "tgt_vocab_size": "${data.vocab_size}",
+    "num_kv_heads": None, "attention_dropout": 0.0, "activation_dropout": 0.0,
+    "activation": "relu", "norm_first": True, "bias": True, "layer_norm_eps": 1e-5,
+    "tie_output_embeddings": True, "share_all_embeddings": "${data.joint_vocab}", "pad_id": 0,
+}  # fmt: skip
+MODEL_SHAPES = {  # d_model, num_heads, encoder and decoder layers, d_ff, dropout, max_positions
+    "tiny": (64, 4, 2, 2, 128, 0.1, 256),
+    "mini": (128, 4, 4, 4, 256, 0.3, 256),
+    "small": (256, 4, 4, 4, 1024, 0.3, 256),
+    "base": (512, 8, 6, 6, 2048, 0.1, 1024),
+    "big": (1024, 16, 6, 6, 4096, 0.3, 1024),
+}
+SHAPE = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
+         "max_positions")  # fmt: skip
+DATA_KEYS = {
+    "_target_": "transformer.data.datamodule.TranslationDataModule", "src_lang": "en",
+    "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
+    "joint_vocab": True, "max_tokens": 4096, "batch_size": 64, "max_len": 128,
+    "pad_to_multiple": 1, "num_workers": 2, "seed": 1234, "cache_dir": "data/cache",
+}  # fmt: skip
+DATA_SOURCES = {
+    "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,
+                 "val_split": "val", "test_split": "test_2016_flickr"},
+    "hf": {"source": "hf", "root": None, "hf_name": None, "hf_config": None, "hf_path": None,
+           "val_split": "validation", "test_split": "test"},
+    "local": {"source": "local", "root": "???", "val_split": "val", "test_split": "test"},
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("option", MODEL_SHAPES)
+def test_model_options_compose_to_their_shape_and_the_shared_keys(option):
+    model = compose_cfg([f"model={option}", "~experiment"]).model
+    expected = {**MODEL_KEYS, **dict(zip(SHAPE, MODEL_SHAPES[option], strict=True))}
+    assert OmegaConf.to_container(model) == expected
+
+
+@pytest.mark.parametrize("option", DATA_SOURCES)
+def test_data_options_compose_to_their_source_and_the_shared_keys(option):
+    data = compose_cfg([f"data={option}", "~experiment"]).data
+    assert OmegaConf.to_container(data) == {**DATA_KEYS, **DATA_SOURCES[option]}
 
 
 def test_decode_configs_spell_out_the_decode_options_defaults():

@@ -47,6 +47,14 @@ def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
     )
 
 
+def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
+    """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
+    ``loss.label_smoothing`` here before any data work."""
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {eps}")
+    return eps
+
+
 class TranslationModule(L.LightningModule):
     """A :class:`Transformer` trained on :class:`transformer.data.collate.Batch` batches.
 
@@ -94,9 +102,7 @@ class TranslationModule(L.LightningModule):
             else hidden_states
         )
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
-        if not 0.0 <= label_smoothing < 1.0:
-            raise ValueError(f"label_smoothing must be in [0, 1), got {label_smoothing}")
-        self.label_smoothing = label_smoothing
+        self.label_smoothing = check_label_smoothing(label_smoothing)
         self.decoding = validation_decoding(decoding)
         self.val_bleu_sentences = val_bleu_sentences
         self.nonfinite = NonFiniteSteps(max_bad_steps)

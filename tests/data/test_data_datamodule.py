@@ -10,6 +10,7 @@ import datasets
 import lightning as L
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
@@ -204,7 +205,8 @@ def test_datamodule_state_resumes_mid_epoch(corpus_dir, dm_kwargs):
 
 @pytest.mark.parametrize("name", ["multi30k", "local", "hf"])
 def test_hydra_configs_instantiate(name, multi30k_dir, corpus_dir, tmp_path, dm_kwargs):
-    cfg = OmegaConf.load(CONFIGS / f"{name}.yaml")
+    with initialize_config_dir(str(CONFIGS.parent), version_base="1.3"):  # with _shared.yaml's keys
+        cfg = compose(f"data/{name}").data
     assert cfg._target_ == "transformer.data.datamodule.TranslationDataModule"
     assert cfg.vocab_size == 8000 and cfg.joint_vocab is True and cfg.max_tokens == 4096
     overrides = {**dm_kwargs, "root": str(multi30k_dir if name == "multi30k" else corpus_dir)}

@@ -91,6 +91,8 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"source must be one of {list(DEFAULT_SPLITS)}, got {source!r}")
         if spm_model_type not in MODEL_TYPES:
             raise ValueError(f"spm_model_type must be one of {MODEL_TYPES}, got {spm_model_type!r}")
+        if vocab_size <= 4:
+            raise ValueError(f"data.vocab_size={vocab_size} leaves no room beyond pad/unk/bos/eos")
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if max_tokens is not None and max_tokens < max_len + 1:
@@ -119,7 +121,8 @@ class TranslationDataModule(L.LightningDataModule):
         }
         self.hf_name, self.hf_config, self.hf_path = hf_name, hf_config, hf_path
         self.download = download
-        self._source: CorpusSource | None = None
+        # Built now (reading nothing), so that its checks of the options run before any data work.
+        self.source = self._make_source()
         self._splits: dict[str, TokenizedSplit] = {}
         self._texts: dict[str, ParallelText] = {}
         self.src_tokenizer: Tokenizer | None = None
@@ -144,20 +147,12 @@ class TranslationDataModule(L.LightningDataModule):
 
     # -- building ----------------------------------------------------------------------------
 
-    @property
-    def source(self) -> CorpusSource:
-        if self._source is None:
-            if self.source_name == "multi30k":
-                self._source = Multi30kSource(
-                    self.root, self.src_lang, self.tgt_lang, download=self.download
-                )
-            elif self.source_name == "local":
-                self._source = LocalSource(self.root, self.src_lang, self.tgt_lang)
-            else:
-                self._source = HFSource(
-                    self.src_lang, self.tgt_lang, self.hf_name, self.hf_config, self.hf_path
-                )
-        return self._source
+    def _make_source(self) -> CorpusSource:
+        if self.source_name == "multi30k":
+            return Multi30kSource(self.root, self.src_lang, self.tgt_lang, download=self.download)
+        if self.source_name == "local":
+            return LocalSource(self.root, self.src_lang, self.tgt_lang)
+        return HFSource(self.src_lang, self.tgt_lang, self.hf_name, self.hf_config, self.hf_path)
 
     def _split_list(self) -> list[str]:
         return list(dict.fromkeys(self.split_names.values()))

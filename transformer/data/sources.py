@@ -89,7 +89,9 @@ class CorpusSource(ABC):
 
     def __init__(self, src_lang: str, tgt_lang: str) -> None:
         if src_lang == tgt_lang:
-            raise DataError(f"src_lang and tgt_lang are both {src_lang!r}; choose two languages")
+            raise DataError(
+                f"data.src_lang and data.tgt_lang are both {src_lang!r}; choose two languages"
+            )
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
 
     @property
