@@ -1,5 +1,7 @@
 """bench/bench_train.py: the FLOP formula by hand, the batches, a tiny CPU run of each system."""
 
+import importlib.util
+
 import pytest
 import torch
 
@@ -62,7 +64,9 @@ def test_tiny_run_times_every_system(result) -> None:
         assert r.peak_memory_mib is None  # CPU: n/a
         assert (r.ratio is None) == (r.name == "ours")
     assert rows["torch.nn.Transformer"].ratio > 0
-    assert any(note.startswith("eole") for note in result.notes)  # installed or not
+    installed = importlib.util.find_spec("eole") is not None
+    assert ("eole" in rows) == installed
+    assert ("eole: not installed (pip install eole)" in result.notes) != installed
 
 
 def test_ours_own_loss_is_the_peers_loss_on_the_same_batch() -> None:

@@ -207,9 +207,12 @@ def test_invalid_value_fails_before_data_work(override, message, tmp_path):
 @pytest.mark.parametrize("max_epochs", ["-1", "null"])
 @pytest.mark.parametrize("max_time", ["00:00:54:00", "{hours: 1}"])
 def test_max_time_alone_ends_training(max_epochs, max_time):
-    validate_config(
-        compose_cfg([f"trainer.max_epochs={max_epochs}", f"+trainer.max_time={max_time}"])
-    )
+    """With no epoch or step limit, ``trainer.max_time`` is accepted as the limit; without it the
+    same config is refused (the run would not end). A real run: the CPU recipe test below."""
+    no_limit = [f"trainer.max_epochs={max_epochs}", "trainer.max_steps=-1"]
+    validate_config(compose_cfg([*no_limit, f"+trainer.max_time={max_time}"]))
+    with pytest.raises(ConfigError, match="training would not end"):
+        validate_config(compose_cfg(no_limit))
 
 
 # -- training ----------------------------------------------------------------------------------
