@@ -22,15 +22,9 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
+from transformer import config_checks as checks
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import read_tokenizer_models
-from transformer.config_checks import (
-    check_data_root,
-    check_writable,
-    model_config,
-    output_dirs,
-    validate_config,
-)
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
 
@@ -112,7 +106,7 @@ def _instantiate_group(group: DictConfig | None, **kwargs: Any) -> list[Any]:
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
-    model_cfg = validate_config(cfg)  # before any data work
+    model_cfg = checks.validate_config(cfg)  # before any data work
     L.seed_everything(int(cfg.seed), workers=True)
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
@@ -122,8 +116,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
             log.warning("%s holds no tokenizers: the data's own are used", cfg.ckpt_path)
         else:
             datamodule.use_tokenizers(models["src"], models["tgt"], checkpoint=cfg.ckpt_path)
-    check_data_root(cfg.data)
-    check_writable(output_dirs(cfg))
+    checks.check_data_root(cfg.data)
+    checks.check_writable(checks.output_dirs(cfg))
     if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
         datamodule.tgt_vocab_size != model_cfg.tgt_vocab_size
     ):
@@ -132,7 +126,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             f"the data's {datamodule.src_vocab_size}/{datamodule.tgt_vocab_size}; leave "
             "model.src_vocab_size/tgt_vocab_size at ${data.vocab_size}"
         )
-    model_cfg = model_config(cfg, pad_id=datamodule.pad_id)  # hand-off: the data's pad id
+    model_cfg = checks.model_config(cfg, pad_id=datamodule.pad_id)  # hand-off: the data's pad id
     module = TranslationModule(
         model=model_cfg.to_dict(),
         optimizer=instantiate(cfg.optim.optimizer),
