@@ -127,7 +127,10 @@ def model_from_checkpoint(
 def tokenizer_models(ckpt: dict[str, Any]) -> dict[str, bytes | None]:
     """The SentencePiece model bytes of each side that a loaded checkpoint carries."""
     stored = ckpt.get("tokenizers") or {}
-    return {side: (stored.get(side) or {}).get("model") for side in ("src", "tgt")}
+    return {
+        side: entry.get("model") if isinstance(entry := stored.get(side), dict) else None
+        for side in ("src", "tgt")
+    }
 
 
 def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
@@ -135,13 +138,9 @@ def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
     for one without them; the weights are memory-mapped, not read."""
     path = Path(path)
     ckpt = _torch_load(path, mmap=True)
-    stored = ckpt.get("tokenizers") if isinstance(ckpt, dict) else None
-    if stored is None:
+    if not isinstance(ckpt, dict) or ckpt.get("tokenizers") is None:
         return None
-    models = {
-        side: entry.get("model") if isinstance(entry := stored.get(side), dict) else None
-        for side in ("src", "tgt")
-    }
+    models = tokenizer_models(ckpt)
     if not all(isinstance(m, bytes) for m in models.values()):
         raise CheckpointError(f"{path}: its tokenizers entry holds no src and tgt model bytes")
     return models
