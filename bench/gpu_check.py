@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import csv
-import gzip
 import importlib
 import importlib.metadata
 import json
@@ -41,16 +40,10 @@ def cmd_corpus(args: argparse.Namespace) -> None:
     runs' source) through the same code as the real files."""
     # The test suite's made-up language pair (German-like words, each the image of one English
     # word): a few training steps already move the loss, and BLEU has something to score.
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-    from tiny_corpus import sentence_pairs
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from tests.tiny import write_corpus
 
-    root = Path(args.dir)
-    root.mkdir(parents=True, exist_ok=True)
-    for seed, (split, n) in enumerate(SPLITS.items()):
-        en, de = sentence_pairs(n, seed)
-        for lang, lines in (("en", en), ("de", de)):
-            with gzip.open(root / f"{split}.{lang}.gz", "wt", encoding="utf-8") as f:
-                f.write("\n".join(lines) + "\n")
+    root = write_corpus(Path(args.dir), SPLITS, suffix=".gz")
     print(f"synthetic corpus: {', '.join(f'{s} {n}' for s, n in SPLITS.items())} pairs in {root}")
 
 

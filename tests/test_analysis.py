@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import write_corpus
 
-from transformer import Transformer, TransformerConfig
+from tests.tiny import tiny_model
 from transformer.analysis import plots
 from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
@@ -25,24 +23,11 @@ PNG = b"\x89PNG\r\n\x1a\n"
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
-
-
-@pytest.fixture(scope="module")
 def tokenizers(corpus):
     texts = [*(corpus / "train.en").read_text().splitlines(), *(corpus / "train.de").read_text()
              .splitlines()]  # fmt: skip
     joint = train_tokenizer(texts, corpus / "joint.model", 64)
     return joint, joint
-
-
-def tiny(**overrides) -> Transformer:
-    cfg = dict(
-        src_vocab_size=64, tgt_vocab_size=64, d_model=32, num_heads=4, num_encoder_layers=2,
-        num_decoder_layers=3, d_ff=64,
-    )  # fmt: skip
-    return Transformer(TransformerConfig(**{**cfg, **overrides})).eval()
 
 
 def sentences() -> tuple[list[list[int]], list[list[int]]]:
@@ -53,7 +38,7 @@ def sentences() -> tuple[list[list[int]], list[list[int]]]:
 
 def test_maps_have_one_layer_and_head_per_module_and_rows_summing_to_one() -> None:
     srcs, tgts = sentences()
-    maps = capture(tiny(num_kv_heads=2), srcs, tgts)
+    maps = capture(tiny_model(64, num_decoder_layers=3, num_kv_heads=2), srcs, tgts)
     for sentence, src, tgt in zip(maps, srcs, tgts, strict=True):
         S, T = len(src), len(tgt)
         assert sentence.weights["encoder_self"].shape == (2, 4, S, S)
@@ -66,7 +51,7 @@ def test_maps_have_one_layer_and_head_per_module_and_rows_summing_to_one() -> No
 
 
 def test_a_sentence_has_the_same_maps_alone_and_in_a_padded_batch() -> None:
-    model, (srcs, tgts) = tiny(), sentences()
+    model, (srcs, tgts) = tiny_model(64, num_decoder_layers=3), sentences()
     batched = capture(model, srcs, tgts)
     for i in range(2):
         (alone,) = capture(model, srcs[i : i + 1], tgts[i : i + 1])
@@ -94,7 +79,7 @@ def test_statistics_of_known_heads() -> None:
 
 def test_figures_are_written_for_every_type_layer_and_probe(tokenizers, tmp_path) -> None:
     src_tok, tgt_tok = tokenizers
-    model = tiny(num_encoder_layers=1, num_decoder_layers=2)
+    model = tiny_model(64, num_encoder_layers=1)
     probes = translate_probes(
         model, src_tok, tgt_tok, ["a dog runs in the park", "the red car"], ["ein hund", "das auto"]
     )
@@ -132,7 +117,7 @@ def test_head_grid_figure_holds_one_panel_per_head() -> None:
 
 def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_path) -> None:
     src_tok, tgt_tok = tokenizers
-    model = tiny(num_decoder_layers=1, num_encoder_layers=1, num_heads=2)
+    model = tiny_model(64, num_decoder_layers=1, num_encoder_layers=1, num_heads=2)
     translator = Translator(model, src_tok, tgt_tok)
     sources, refs = ["a dog runs", "the man sits"], ["ein hund läuft", "der mann sitzt"]
     evaluator = HeadEvaluator(translator, sources, refs, DecodeOptions(strategy="greedy"))

@@ -9,11 +9,11 @@ from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
-from tiny_corpus import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides, write_corpus
 
 import transformer.analysis.maps as maps_module
 import transformer.analysis.report as report_module
 import transformer.attention as attention_module
+from tests.tiny import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides
 from transformer.evaluation import evaluate
 from transformer.training import train
 
@@ -30,11 +30,6 @@ ANALYSIS = [  # one layer each side, two heads, one probe: few figures to draw
 
 def overrides_with_maps(corpus: Path) -> list[str]:
     return [o for o in tiny_overrides(corpus) if o != ATTENTION_MAPS_OFF]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 @pytest.fixture(scope="module")

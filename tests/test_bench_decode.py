@@ -8,7 +8,8 @@ import subprocess
 import sys
 
 import pytest
-from tiny_corpus import REPO
+
+from tests.tiny import REPO
 
 
 def run(script: str, *args: str) -> str:

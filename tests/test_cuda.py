@@ -1,4 +1,4 @@
-"""What only a GPU can show: the fused loss, attention kernels, decoding, torch.compile and the
+"""What only a GPU can show: attention kernels, decoding, torch.compile and the
 training step on CUDA, in bf16. Skipped without a GPU; run them alone with ``pytest -m cuda``."""
 
 from __future__ import annotations
@@ -8,15 +8,12 @@ import copy
 import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
-from test_attention import lengths_to_pad_mask
-from test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
-from test_loss import inputs, label_smoothed_loss_pad, loss_and_grads, reference
-from test_train_units import TINY, padded_batch
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from transformer import KVCache, MultiheadAttention, Transformer, TransformerConfig
-from transformer import loss as loss_module
+from tests.test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
+from tests.tiny import lengths_to_pad_mask, padded_batch, tiny_model, tiny_model_config
+from transformer import KVCache, MultiheadAttention
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode
 from transformer.lit_module import TranslationModule, hidden_states
 from transformer.optim import build_optimizer
@@ -34,24 +31,6 @@ def assert_relatively_close(got: Tensor, want: Tensor, tol: float) -> None:
     """Within ``tol`` of ``want``'s norm: bf16 rounding that differs element by element."""
     error = (got.float() - want.float()).norm()
     assert error <= tol * want.float().norm() + 1e-6, f"relative error {error / want.norm():.3g}"
-
-
-@pytest.mark.parametrize("chunk", [1 << 26, 150])  # one chunk; 3 rows a chunk (vocabulary 50)
-def test_fused_loss_in_bf16_autocast_equals_cross_entropy_on_full_logits(monkeypatch, chunk):
-    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cuda", chunk)
-    hidden, weight, labels = inputs(2)
-    want, want_grads = loss_and_grads(reference, hidden, weight, labels, 0.1)  # float32, CPU
-
-    def under_autocast(*args):
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            return label_smoothed_loss_pad(*args)
-
-    on_gpu = (t.to(CUDA) for t in (hidden, weight, labels))
-    got, got_grads = loss_and_grads(under_autocast, *on_gpu, 0.1)
-    assert got[0].dtype == torch.float32 and got_grads[1].dtype == torch.float32
-    torch.testing.assert_close(tuple(t.cpu() for t in got), want, rtol=2e-2, atol=0.1)
-    for g, w in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(g.cpu(), w, rtol=5e-2, atol=5e-3)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])  # training; float32 decoding
@@ -116,9 +95,9 @@ def test_compiled_forward_and_backward_equal_eager_on_unaligned_padded_batches()
     """torch.compile (inductor, dynamic shapes, as ``compile_model``) of the teacher-forced
     forward, bf16 autocast: the eager states and gradients, for padded lengths that are not
     multiples of 8 (the masks' rows are not 16-byte aligned), grouped-query attention included."""
-    cfg = {**TINY, "d_model": 128, "num_heads": 2, "num_kv_heads": 1, "d_ff": 256}
-    cfg |= {"num_encoder_layers": 1, "num_decoder_layers": 1}  # compile time is per layer
-    model = Transformer(TransformerConfig(**cfg)).to(CUDA)
+    sizes = dict(d_model=128, num_heads=2, num_kv_heads=1, d_ff=256, dropout=0.0)
+    layers = dict(num_encoder_layers=1, num_decoder_layers=1)  # compile time is per layer
+    model = tiny_model(20, **sizes, **layers).to(CUDA)
     torch._dynamo.reset()
     compiled = torch.compile(hidden_states, dynamic=True, backend="inductor")
     shapes = [(12, 10), (5, 3), (9, 6)], [(6, 13), (2, 4)]  # (B, S, T): (3, 13, 11), (2, 7, 14)
@@ -138,7 +117,7 @@ def test_compiled_forward_and_backward_equal_eager_on_unaligned_padded_batches()
 def test_training_step_never_waits_for_the_gpu():
     """Loss (fused, bf16 autocast), backward, gradient clipping and a fused AdamW step run with
     CUDA's sync debug mode set to error: any host synchronisation would raise."""
-    cfg = {**TINY, "d_model": 128, "num_heads": 2, "num_kv_heads": 1, "d_ff": 256, "dropout": 0.1}
+    cfg = tiny_model_config(20, d_model=128, num_heads=2, num_kv_heads=1, d_ff=256, dropout=0.1)
     module = TranslationModule(cfg).to(CUDA).train()
     optimizer = build_optimizer(module.model, torch.optim.AdamW, 0.0)
     assert optimizer.defaults["fused"]

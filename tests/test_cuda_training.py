@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import compose_cfg, tiny_overrides, write_corpus
 
+from tests.tiny import compose_cfg, tiny_overrides
 from transformer.checkpoints import load_checkpoint
 from transformer.training import train
 
@@ -18,11 +18,6 @@ pytestmark = [
     pytest.mark.cuda,
     pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU"),
 ]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def on_gpu(corpus: Path) -> list[str]:

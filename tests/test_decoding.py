@@ -9,6 +9,7 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.tiny import tiny_model
 from transformer import Transformer, TransformerConfig
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, max_output_lengths
 
@@ -126,11 +127,7 @@ def test_invalid_options_raise() -> None:
 
 
 def random_model() -> Transformer:
-    cfg = TransformerConfig(
-        40, 40, d_model=32, num_heads=4, num_kv_heads=2, num_encoder_layers=2,
-        num_decoder_layers=2, d_ff=64, share_all_embeddings=True,
-    )  # fmt: skip
-    return Transformer(cfg).eval()
+    return tiny_model(40, num_kv_heads=2, share_all_embeddings=True)
 
 
 def sources() -> torch.Tensor:

@@ -13,8 +13,8 @@ import pytest
 import sacrebleu
 import torch
 from hydra import compose, initialize_config_dir
-from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
+from tests.tiny import CONFIGS, REPO, compose_cfg, tiny_overrides
 from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import main as average_main
 from transformer.errors import CheckpointError, ConfigError, DataError
@@ -24,10 +24,9 @@ from transformer.translate import length_batches
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory) -> tuple[Path, Path]:
+def trained(corpus, tmp_path_factory) -> tuple[Path, Path]:
     """A tiny model trained briefly; the training data's cache is deleted afterwards, so
     evaluation can only use what the checkpoint carries (and the raw corpus)."""
-    corpus = write_corpus(tmp_path_factory.mktemp("corpus"))
     out = tmp_path_factory.mktemp("run")
     overrides = [*tiny_overrides(corpus), "trainer.max_steps=40"]
     train(compose_cfg(overrides, out))

@@ -17,19 +17,14 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import REPO, compose_cfg, tiny_overrides, write_corpus
 
+from tests.tiny import REPO, compose_cfg, tiny_overrides
 from transformer import atomic, lit_module
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import load_checkpoint
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import DataError, NonFiniteLoss, UserError
 from transformer.training import train
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def fail_mid_write(monkeypatch) -> None:

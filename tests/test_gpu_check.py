@@ -14,7 +14,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import REPO
+
+from tests.tiny import REPO
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
 FILES = {"env.txt", "tests.log", "tests.xml", "smoke.log", "bench.txt", "recipe.log",

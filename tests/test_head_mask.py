@@ -3,19 +3,12 @@
 import pytest
 import torch
 
-from transformer import AttentionMaps, Transformer, TransformerConfig
+from tests.tiny import tiny_model
+from transformer import AttentionMaps
 from transformer.attention import MultiheadAttention
 from transformer.model import ATTENTION_TYPES
 
 PAD, V = 0, 50
-
-
-def tiny(**overrides) -> Transformer:
-    cfg = dict(
-        src_vocab_size=V, tgt_vocab_size=V, d_model=32, num_heads=4, num_encoder_layers=2,
-        num_decoder_layers=2, d_ff=64,
-    )  # fmt: skip
-    return Transformer(TransformerConfig(**{**cfg, **overrides})).eval()
 
 
 def batch() -> tuple[torch.Tensor, torch.Tensor]:
@@ -26,7 +19,7 @@ def batch() -> tuple[torch.Tensor, torch.Tensor]:
 @pytest.mark.parametrize("kind", ATTENTION_TYPES)
 @pytest.mark.parametrize("explicit", [False, True], ids=["sdpa", "explicit"])
 def test_masking_no_head_changes_nothing(kind: str, explicit: bool) -> None:
-    model, (src, tgt) = tiny(num_kv_heads=2), batch()
+    model, (src, tgt) = tiny_model(V, num_kv_heads=2), batch()
     attention = AttentionMaps() if explicit else None
     reference = model(src, tgt, attention=attention)
     for layer in range(2):
@@ -37,7 +30,7 @@ def test_masking_no_head_changes_nothing(kind: str, explicit: bool) -> None:
 
 @pytest.mark.parametrize("kind", ATTENTION_TYPES)
 def test_all_heads_but_one_masked_changes_the_output_in_both_kernels(kind: str) -> None:
-    model, (src, tgt) = tiny(), batch()
+    model, (src, tgt) = tiny_model(V), batch()
     reference = model(src, tgt)
     model.set_head_mask(kind, 1, torch.tensor([0.0, 0.0, 1.0, 0.0]))
     masked = model(src, tgt)
@@ -57,7 +50,7 @@ def test_a_fully_masked_module_outputs_its_bias() -> None:
 
 
 def test_masks_hold_during_incremental_decoding() -> None:
-    model, (src, tgt) = tiny(), batch()
+    model, (src, tgt) = tiny_model(V), batch()
     model.set_head_mask("decoder_self", 0, torch.tensor([1.0, 0.0, 1.0, 0.0]))
     model.set_head_mask("cross", 1, torch.tensor([0.0, 1.0, 1.0, 1.0]))
     full = model(src, tgt)
@@ -68,7 +61,7 @@ def test_masks_hold_during_incremental_decoding() -> None:
 
 
 def test_masks_are_checked_and_never_saved() -> None:
-    model = tiny()
+    model = tiny_model(V)
     with pytest.raises(ValueError, match=r"head mask of shape \(3,\), need \(4,\)"):
         model.set_head_mask("cross", 0, torch.ones(3))
     with pytest.raises(ValueError, match="unknown attention type 'decoder'"):

@@ -3,7 +3,8 @@
 import torch
 import torch.nn.functional as F
 
-from transformer import Transformer, TransformerConfig
+from tests.tiny import tiny_model
+from transformer import Transformer
 
 PAD, BOS, EOS, V = 0, 2, 3, 14  # symbols 4..13
 
@@ -31,11 +32,7 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: int) -> torch.Tensor:
 
 
 def test_tiny_model_learns_to_reverse() -> None:
-    cfg = TransformerConfig(
-        V, V, d_model=64, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=128,
-        dropout=0.0, share_all_embeddings=True,
-    )  # fmt: skip
-    model = Transformer(cfg)
+    model = tiny_model(V, d_model=64, d_ff=128, dropout=0.0, share_all_embeddings=True).train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     gen = torch.Generator().manual_seed(0)
     for _ in range(300):

@@ -1,13 +1,18 @@
-"""The fused projection + label-smoothed loss against torch's cross entropy on full logits."""
+"""The fused projection + label-smoothed loss against torch's cross entropy on full logits: the
+loss function alone (float32, bf16 autocast on CPU and CUDA) and the Lightning module's loss."""
 
 from __future__ import annotations
+
+from functools import partial
 
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from tests.tiny import padded_batch, tiny_model_config
 from transformer import loss as loss_module
+from transformer.lit_module import TranslationModule
 from transformer.loss import label_smoothed_loss
 
 PAD = 0
@@ -66,19 +71,26 @@ def test_host_count_gives_the_same_result():
     torch.testing.assert_close(a, b, rtol=0, atol=0)
 
 
-def test_bf16_autocast_within_bf16_rounding_of_float32():
+CUDA = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")]
+
+
+@pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=CUDA)])
+@pytest.mark.parametrize("chunk", [1 << 26, 150])  # one chunk; 3 rows a chunk (vocabulary 50)
+def test_bf16_autocast_within_bf16_rounding_of_float32(monkeypatch, device, chunk):
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, device, chunk)
     hidden, weight, labels = inputs(2)
-    want, want_grads = loss_and_grads(reference, hidden, weight, labels, 0.1)
+    want, want_grads = loss_and_grads(reference, hidden, weight, labels, 0.1)  # float32, CPU
 
     def under_autocast(*args):
-        with torch.autocast("cpu", dtype=torch.bfloat16):
+        with torch.autocast(device, dtype=torch.bfloat16):
             return label_smoothed_loss_pad(*args)
 
-    got, got_grads = loss_and_grads(under_autocast, hidden, weight, labels, 0.1)
+    on_device = (t.to(device) for t in (hidden, weight, labels))
+    got, got_grads = loss_and_grads(under_autocast, *on_device, 0.1)
     assert got[0].dtype == torch.float32 and got_grads[1].dtype == torch.float32
-    torch.testing.assert_close(got, want, rtol=2e-2, atol=0.1)
+    torch.testing.assert_close(tuple(t.cpu() for t in got), want, rtol=2e-2, atol=0.1)
     for g, w in zip(got_grads, want_grads, strict=True):
-        torch.testing.assert_close(g, w, rtol=5e-2, atol=5e-3)
+        torch.testing.assert_close(g.cpu(), w, rtol=5e-2, atol=5e-3)
 
 
 def test_no_gradient_work_without_autograd():
@@ -101,3 +113,30 @@ def test_nll_carries_no_gradient_and_loss_scales_its_gradients():
     weight.grad = None
     label_smoothed_loss_pad(hidden, weight, labels, 0.1)[0].backward()
     torch.testing.assert_close(once, 3.0 * weight.grad)
+
+
+def test_training_loss_equals_cross_entropy_on_the_full_logits():
+    """The module's loss (non-pad positions only, projection fused with the loss) gives the
+    loss, NLL, count and every parameter's gradient of torch's cross entropy on (B, T, V)
+    logits, tied embedding included."""
+    module = TranslationModule(tiny_model_config(20, dropout=0.0), label_smoothing=0.1)
+    batch = padded_batch([(5, 2), (3, 9), (8, 4), (2, 6)])  # 25 labels in (4, 10): 15 are pad
+
+    def loss_and_grads(loss_fn) -> tuple[list[Tensor], list[Tensor]]:
+        module.zero_grad()
+        loss, nll, n = loss_fn()
+        (loss / n).backward()
+        return [loss / n, nll / n, n.float()], [p.grad.clone() for p in module.parameters()]
+
+    def full_logits():  # (B, T, V)
+        logits = module(batch.src, batch.tgt_in, batch.src_pad_mask).flatten(0, 1)
+        labels = batch.labels.flatten()
+        ce = partial(F.cross_entropy, logits, labels, ignore_index=0, reduction="sum")
+        return ce(label_smoothing=0.1), ce().detach(), labels.ne(0).sum()
+
+    got, got_grads = loss_and_grads(lambda: module._loss(batch))
+    want, want_grads = loss_and_grads(full_logits)
+    assert batch.num_tgt_tokens == 25 and int(got[2]) == 25
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-6)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=0, atol=1e-6)

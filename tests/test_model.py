@@ -4,17 +4,10 @@ import pytest
 import torch
 
 import transformer.attention as attention_module
+from tests.tiny import tiny_model
 from transformer import AttentionMaps, Transformer, TransformerConfig
 
 PAD, V = 0, 50
-
-
-def tiny(**overrides) -> Transformer:
-    cfg = dict(
-        src_vocab_size=V, tgt_vocab_size=V, d_model=32, num_heads=4, num_encoder_layers=2,
-        num_decoder_layers=2, d_ff=64, dropout=0.1,
-    )  # fmt: skip
-    return Transformer(TransformerConfig(**{**cfg, **overrides})).eval()
 
 
 def tokens(*shape: int) -> torch.Tensor:
@@ -33,7 +26,7 @@ VARIANTS = {
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_decoder_output_never_depends_on_future_targets(variant: str) -> None:
-    model = tiny(**VARIANTS[variant])
+    model = tiny_model(V, **VARIANTS[variant])
     src, tgt = tokens(2, 7), tokens(2, 6)
     logits = model(src, tgt)
     for t in range(5):
@@ -44,7 +37,7 @@ def test_decoder_output_never_depends_on_future_targets(variant: str) -> None:
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_padding_never_changes_a_result(variant: str) -> None:
-    model = tiny(**VARIANTS[variant])
+    model = tiny_model(V, **VARIANTS[variant])
     src, tgt = tokens(1, 5), tokens(1, 4)
     alone = model(src, tgt)
     # The same pair inside a batch whose other pair is longer on both sides: right padding.
@@ -65,7 +58,7 @@ def greedy_steps(model: Transformer, src: torch.Tensor, tgt: torch.Tensor) -> to
 
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_incremental_decoding_equals_full_forward(variant: str) -> None:
-    model = tiny(**VARIANTS[variant])
+    model = tiny_model(V, **VARIANTS[variant])
     src = torch.cat([tokens(3, 6), torch.full((3, 2), PAD)], 1)  # padded sources
     src[0, 6:] = tokens(2)
     tgt = tokens(3, 7)
@@ -73,7 +66,7 @@ def test_incremental_decoding_equals_full_forward(variant: str) -> None:
 
 
 def test_reordered_cache_equals_recomputed_cache() -> None:
-    model = tiny(num_kv_heads=2)
+    model = tiny_model(V, num_kv_heads=2)
     src = torch.cat([tokens(3, 5), torch.full((3, 3), PAD)], 1)
     src[1, 5:] = tokens(3)
     tgt = tokens(3, 6)
@@ -90,7 +83,7 @@ def test_reordered_cache_equals_recomputed_cache() -> None:
 
 
 def test_beams_share_one_copy_of_the_cross_attention_cache() -> None:
-    model = tiny(num_kv_heads=2)
+    model = tiny_model(V, num_kv_heads=2)
     src = torch.cat([tokens(2, 5), torch.full((2, 3), PAD)], 1)
     src[1, 5:] = tokens(3)
     tgt = tokens(6, 5)  # 3 beams for each of the 2 sentences
@@ -114,7 +107,7 @@ def test_beams_share_one_copy_of_the_cross_attention_cache() -> None:
 def test_beams_after_a_first_step_and_a_sentence_leaving_the_batch() -> None:
     # Beam search's path: one row per sentence for the first step, then 2 beams each; later the
     # middle sentence is done and leaves, its rows and its cross-attention keys/values with it.
-    model = tiny(num_kv_heads=2)
+    model = tiny_model(V, num_kv_heads=2)
     src = torch.cat([tokens(3, 5), torch.full((3, 3), PAD)], 1)
     src[1, 5:] = tokens(3)
     tgt = tokens(6, 5)  # 2 beams for each of the 3 sentences, the same first token
@@ -132,7 +125,7 @@ def test_beams_after_a_first_step_and_a_sentence_leaving_the_batch() -> None:
 
 
 def test_attention_maps_capture_every_layer_and_head() -> None:
-    model = tiny()
+    model = tiny_model(V)
     src = torch.cat([tokens(2, 5), torch.full((2, 2), PAD)], 1)
     tgt = tokens(2, 4)
     maps = AttentionMaps()
@@ -154,19 +147,19 @@ def test_capture_off_never_takes_the_explicit_path(monkeypatch) -> None:
         raise AssertionError("explicit attention ran without weights being asked for")
 
     monkeypatch.setattr(attention_module, "explicit_attention", fail)
-    model = tiny()
+    model = tiny_model(V)
     src, tgt = tokens(2, 5), tokens(2, 4)
     model(src, tgt)
     greedy_steps(model, src, tgt)
 
 
 def test_embedding_options() -> None:
-    tied = tiny()
+    tied = tiny_model(V)
     assert tied.output.weight is tied.tgt_embed.tokens.weight
     assert tied.src_embed.tokens is not tied.tgt_embed.tokens
-    untied = tiny(tie_output_embeddings=False)
+    untied = tiny_model(V, tie_output_embeddings=False)
     assert untied.output.weight is not untied.tgt_embed.tokens.weight
-    shared = tiny(share_all_embeddings=True)
+    shared = tiny_model(V, share_all_embeddings=True)
     assert shared.src_embed.tokens is shared.tgt_embed.tokens
     assert shared.output.weight is shared.src_embed.tokens.weight
     assert shared.num_parameters() < tied.num_parameters() < untied.num_parameters()
@@ -175,7 +168,7 @@ def test_embedding_options() -> None:
 
 
 def test_initialisation_scales_and_pad_row() -> None:
-    model = tiny(d_model=256, num_heads=8, d_ff=1024)
+    model = tiny_model(V, d_model=256, num_heads=8, d_ff=1024)
     emb = model.src_embed.tokens.weight
     assert torch.all(emb[PAD] == 0)
     assert emb[1:].std().item() == pytest.approx(256**-0.5, rel=0.05)
@@ -184,13 +177,13 @@ def test_initialisation_scales_and_pad_row() -> None:
     assert qkv.abs().max().item() <= (6 / 512) ** 0.5
     assert qkv.std().item() == pytest.approx((2 / 512) ** 0.5, rel=0.05)
     # The pad row gets no gradient through the lookup (tied, it would through the output layer).
-    untied = tiny(tie_output_embeddings=False).train()
+    untied = tiny_model(V, tie_output_embeddings=False).train()
     untied(tokens(1, 5), torch.tensor([[5, 6, PAD]])).sum().backward()
     assert torch.all(untied.tgt_embed.tokens.weight.grad[PAD] == 0)
 
 
 def test_positions_continue_from_the_cache_offset() -> None:
-    model = tiny(max_positions=8)
+    model = tiny_model(V, max_positions=8)
     src, tgt = tokens(1, 3), tokens(1, 8)
     model(src, tgt)
     with pytest.raises(ValueError, match="beyond max_positions=8"):
@@ -210,4 +203,4 @@ def test_positions_continue_from_the_cache_offset() -> None:
 )
 def test_config_rejects_invalid_values(overrides: dict, message: str) -> None:
     with pytest.raises(ValueError, match=message):
-        tiny(**overrides)
+        tiny_model(V, **overrides)

@@ -5,7 +5,7 @@ default, and users add gradient accumulation and ``compile=true``. Each combinat
 a few real steps of the tiny model through ``train(cfg)``, as ``train.py`` does: the loss falls,
 no logged value is NaN, and the last checkpoint holds finite weights. ``torch.compile`` runs with
 the ``aot_eager`` backend, which traces the same forward and backward graphs as inductor without
-generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/test_train_units.py).
+generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/test_lit_module.py).
 """
 
 from __future__ import annotations
@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tiny_corpus import compose_cfg, tiny_overrides, write_corpus
 
+from tests.tiny import compose_cfg, tiny_overrides
 from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
 from transformer.training import train
@@ -31,12 +31,11 @@ STEPS = 8
 
 
 @pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    root = write_corpus(tmp_path_factory.mktemp("corpus"))
-    # tokenize once for every combination (the SentencePiece model and the cached splits)
-    train(compose_cfg([*tiny_overrides(root), "trainer.max_steps=1", "trainer.limit_val_batches=0",
-                       "~callbacks.best_checkpoint"], tmp_path_factory.mktemp("warm")))  # fmt: skip
-    return root
+def corpus(corpus: Path, tmp_path_factory) -> Path:
+    """conftest's corpus, tokenized once for every combination (SentencePiece, cached splits)."""
+    once = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "~callbacks.best_checkpoint"]
+    train(compose_cfg([*tiny_overrides(corpus), *once], tmp_path_factory.mktemp("warm")))
+    return corpus
 
 
 def logged_losses(out_dir: Path) -> list[float]:

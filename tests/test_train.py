@@ -23,10 +23,10 @@ from hydra.errors import ConfigCompositionException
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
 from omegaconf import OmegaConf
-from tiny_corpus import CONFIGS, REPO, compose_cfg, tiny_overrides, write_corpus
 
 import transformer.data.datamodule
 import transformer.translate
+from tests.tiny import CONFIGS, REPO, compose_cfg, tiny_overrides
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config_checks import model_config, validate_config
@@ -38,11 +38,6 @@ from transformer.training import train
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
 def read_metrics(out_dir: Path) -> list[dict[str, str]]:
@@ -397,7 +392,7 @@ def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
 def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(
     corpus, tmp_path, monkeypatch
 ):
-    # aot_eager traces what inductor compiles, in seconds (inductor: tests/test_train_units.py)
+    # aot_eager traces what inductor compiles, in seconds (inductor: tests/test_lit_module.py)
     monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="aot_eager"))
     torch._dynamo.reset()
     overrides = [

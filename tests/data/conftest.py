@@ -1,41 +1,25 @@
-"""Tiny synthetic parallel corpora, written to tmp_path, so the tests need no download."""
+"""Tiny synthetic parallel corpora, written to tmp_path, so the data tests need no download."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
-from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
+from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, write_corpus
 
 
 @pytest.fixture
 def corpus_dir(tmp_path: Path) -> Path:
     """``{train,val,test}.{en,de}`` plain text files."""
-    root = tmp_path / "corpus"
-    root.mkdir()
-    for seed, (split, n) in enumerate(SPLIT_SIZES.items()):
-        en, de = make_pairs(n, seed)
-        write_lines(root / f"{split}.en", en)
-        write_lines(root / f"{split}.de", de)
-    return root
+    return write_corpus(tmp_path / "corpus", DATA_SPLITS, pairs=data_pairs)
 
 
 @pytest.fixture
 def multi30k_dir(tmp_path: Path) -> Path:
     """A Multi30k look-alike: ``{train,val,test_2016_flickr}.{en,de}.gz``."""
-    root = tmp_path / "multi30k"
-    root.mkdir()
-    for seed, (split, n) in enumerate(
-        zip(("train", "val", "test_2016_flickr"), (300, 30, 25), strict=True)
-    ):
-        en, de = make_pairs(n, seed)
-        write_lines(root / f"{split}.en.gz", en)
-        write_lines(root / f"{split}.de.gz", de)
-    return root
+    splits = dict(zip(("train", "val", "test_2016_flickr"), DATA_SPLITS.values(), strict=True))
+    return write_corpus(tmp_path / "multi30k", splits, suffix=".gz", pairs=data_pairs)
 
 
 @pytest.fixture

@@ -13,8 +13,8 @@ import torch
 from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
-from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 
+from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, write_lines
 from transformer.data import datamodule as dm_module
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
@@ -48,11 +48,11 @@ def test_local_corpus_end_to_end(corpus_dir, dm_kwargs):
         row = 0
         assert dm.tgt_tokenizer.decode(b.labels[row].tolist()) == refs[int(b.ids[row])]
     assert n_batches == len(dm.train_dataloader().batch_sampler)
-    assert sorted(ids_of(dm.train_dataloader())) == list(range(SPLIT_SIZES["train"]))
+    assert sorted(ids_of(dm.train_dataloader())) == list(range(DATA_SPLITS["train"]))
     # evaluation splits are whole and ids index the references in corpus order
     for split in ("val", "test"):
         assert sorted(ids_of(getattr(dm, f"{split}_dataloader")())) == list(
-            range(SPLIT_SIZES[split])
+            range(DATA_SPLITS[split])
         )
     b = next(iter(dm.val_dataloader()))
     row = int(b.ids[0])
@@ -71,7 +71,7 @@ def test_second_run_loads_the_cache_without_tokenizing(corpus_dir, dm_kwargs, mo
 
     monkeypatch.setattr(Tokenizer, "encode_batch", counting)
     first = build(source="local", root=str(corpus_dir), **dm_kwargs)
-    assert sum(calls) == 2 * sum(SPLIT_SIZES.values())  # both sides of every split, once
+    assert sum(calls) == 2 * sum(DATA_SPLITS.values())  # both sides of every split, once
 
     calls.clear()
 
@@ -86,17 +86,17 @@ def test_second_run_loads_the_cache_without_tokenizing(corpus_dir, dm_kwargs, mo
 
     # a changed setting or changed data is tokenized again
     build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 63})
-    assert sum(calls) == 2 * SPLIT_SIZES["train"]
+    assert sum(calls) == 2 * DATA_SPLITS["train"]
     calls.clear()
-    en, de = make_pairs(SPLIT_SIZES["test"], 99)
+    en, de = data_pairs(DATA_SPLITS["test"], 99)
     write_lines(corpus_dir / "test.en", en)
     write_lines(corpus_dir / "test.de", de)
     build(source="local", root=str(corpus_dir), **dm_kwargs)
-    assert sum(calls) == 2 * SPLIT_SIZES["test"]
+    assert sum(calls) == 2 * DATA_SPLITS["test"]
 
 
 def test_line_count_mismatch_fails_before_tokenizer_training(corpus_dir, dm_kwargs, monkeypatch):
-    en, _ = make_pairs(SPLIT_SIZES["val"] + 2, 5)
+    en, _ = data_pairs(DATA_SPLITS["val"] + 2, 5)
     write_lines(corpus_dir / "val.en", en)
 
     def no_training(*args, **kwargs):
@@ -119,7 +119,7 @@ def test_non_utf8_training_file(corpus_dir, dm_kwargs):
 def test_nothing_left_after_filtering_says_which_filter(corpus_dir, dm_kwargs):
     with pytest.raises(DataError, match=r"max_len=1 filter removed 300"):
         build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 1})
-    en, de = make_pairs(SPLIT_SIZES["train"], 0)  # each pair with one side empty
+    en, de = data_pairs(DATA_SPLITS["train"], 0)  # each pair with one side empty
     write_lines(corpus_dir / "train.en", [s if i % 2 else "" for i, s in enumerate(en)])
     write_lines(corpus_dir / "train.de", ["" if i % 2 else s for i, s in enumerate(de)])
     with pytest.raises(DataError, match=r"empty-side filter removed 300 of 300"):
@@ -127,7 +127,7 @@ def test_nothing_left_after_filtering_says_which_filter(corpus_dir, dm_kwargs):
 
 
 def test_empty_and_overlong_training_pairs_are_dropped(corpus_dir, dm_kwargs, caplog):
-    en, de = make_pairs(SPLIT_SIZES["train"], 0)
+    en, de = data_pairs(DATA_SPLITS["train"], 0)
     en[3], de[10] = "", "  "
     en[20] = " ".join(["dog"] * 80)
     write_lines(corpus_dir / "train.en", en)
@@ -144,7 +144,7 @@ def save_hf_dataset(path: Path) -> None:
     features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
     parts = {}
     for seed, (split, n) in enumerate((("train", 300), ("validation", 30), ("test", 25))):
-        en, de = make_pairs(n, seed)
+        en, de = data_pairs(n, seed)
         rows = [{"de": g, "en": e} for e, g in zip(en, de, strict=True)]
         parts[split] = datasets.Dataset.from_dict({"translation": rows}, features=features)
     datasets.DatasetDict(parts).save_to_disk(str(path))
@@ -156,7 +156,7 @@ def test_hub_format_dataset_saved_to_disk(tmp_path, dm_kwargs):
         source="hf", root=None, hf_path=str(tmp_path / "hf"), src_lang="de", tgt_lang="en",
         **dm_kwargs,
     )  # fmt: skip
-    en, de = make_pairs(30, 1)
+    en, de = data_pairs(30, 1)
     assert dm.sources("val") == de and dm.references("validation") == en
     assert sorted(ids_of(dm.val_dataloader())) == list(range(30))
     b = next(iter(dm.train_dataloader()))
@@ -216,7 +216,7 @@ def test_hydra_configs_instantiate(name, multi30k_dir, corpus_dir, tmp_path, dm_
     dm = instantiate(OmegaConf.merge(cfg, overrides))
     dm.prepare_data()
     dm.setup("fit")
-    assert len(dm.split("val")) == (SPLIT_SIZES["val"])
+    assert len(dm.split("val")) == (DATA_SPLITS["val"])
     batch = next(iter(dm.train_dataloader()))
     assert batch.src.dtype == torch.long
 

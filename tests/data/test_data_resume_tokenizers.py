@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pytest
 import torch
-from tinycorpus import SPLIT_SIZES, TINY_VOCAB, make_pairs, write_lines
 
+from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, write_lines
 from transformer.checkpoints import read_tokenizer_models
 from transformer.data import datamodule as dm_module
 from transformer.data.tokenizer import Tokenizer
@@ -41,7 +41,7 @@ def token_ids(dm: dm_module.TranslationDataModule, split: str) -> dict[int, tupl
 def moved_copy(corpus_dir: Path, to: Path) -> Path:
     """The corpus in another directory, with new mtimes and another training split."""
     shutil.copytree(corpus_dir, to, copy_function=shutil.copyfile)
-    en, de = make_pairs(SPLIT_SIZES["train"], 42)
+    en, de = data_pairs(DATA_SPLITS["train"], 42)
     write_lines(to / "train.en", en)
     write_lines(to / "train.de", de)
     return to

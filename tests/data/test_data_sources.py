@@ -7,8 +7,8 @@ import json
 import time
 
 import pytest
-from tinycorpus import write_lines
 
+from tests.tiny import write_lines
 from transformer.data import sources
 from transformer.data.sources import (
     HFSource,

@@ -5,15 +5,15 @@ from __future__ import annotations
 import pickle
 
 import pytest
-from tinycorpus import TINY_VOCAB, make_pairs
 
+from tests.tiny import TINY_VOCAB, data_pairs
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 from transformer.errors import DataError
 
 
 @pytest.mark.parametrize("model_type", ["unigram", "bpe"])
 def test_round_trip_and_special_ids(tmp_path, model_type):
-    en, de = make_pairs(300, 0)
+    en, de = data_pairs(300, 0)
     tok = train_tokenizer(en + de, tmp_path / "t.model", TINY_VOCAB, model_type)
     assert tok.vocab_size == TINY_VOCAB
     assert (PAD_ID, UNK_ID, BOS_ID, EOS_ID) == (0, 1, 2, 3)
@@ -27,7 +27,7 @@ def test_round_trip_and_special_ids(tmp_path, model_type):
 
 
 def test_decode_drops_bos_pad_and_stops_at_eos(tmp_path):
-    en, de = make_pairs(300, 0)
+    en, de = data_pairs(300, 0)
     tok = train_tokenizer(en + de, tmp_path / "t.model", TINY_VOCAB)
     ids = tok.encode(en[0])
     assert tok.decode([BOS_ID, *ids, EOS_ID, *tok.encode(en[1]), PAD_ID]) == en[0]
@@ -35,14 +35,14 @@ def test_decode_drops_bos_pad_and_stops_at_eos(tmp_path):
 
 
 def test_pickles_for_worker_processes(tmp_path):
-    en, de = make_pairs(300, 0)
+    en, de = data_pairs(300, 0)
     tok = train_tokenizer(en + de, tmp_path / "t.model", TINY_VOCAB)
     clone = pickle.loads(pickle.dumps(tok))
     assert clone.encode(en[3]) == tok.encode(en[3])
 
 
 def test_too_large_vocabulary_says_which_option(tmp_path):
-    en, de = make_pairs(30, 0)
+    en, de = data_pairs(30, 0)
     with pytest.raises(DataError, match="data.vocab_size"):
         train_tokenizer(en + de, tmp_path / "t.model", 50_000)
     assert not (tmp_path / "t.model").exists()
