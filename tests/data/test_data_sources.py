@@ -10,12 +10,8 @@ import pytest
 
 from tests.tiny import write_lines
 from transformer.data import sources
-from transformer.data.sources import (
-    HFSource,
-    LocalSource,
-    Multi30kSource,
-    read_lines,
-)
+from transformer.data.sources import HFSource, LocalSource, Multi30kSource
+from transformer.data.text_files import read_lines
 from transformer.errors import DataError
 
 

@@ -11,33 +11,15 @@ import lightning as L
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
-from transformer.atomic import atomic_write
 from transformer.data.collate import Collator, padded_sizes
 from transformer.data.sampler import TokenBudgetBatchSampler
-from transformer.data.sources import (
-    CorpusSource,
-    HFSource,
-    LocalSource,
-    Multi30kSource,
-    ParallelText,
-)
-from transformer.data.token_cache import (
-    TokenizedSplit,
-    build_split,
-    content_digest,
-    file_digest,
-    fingerprint,
-)
+from transformer.data.sources import DEFAULT_SPLITS, make_source
+from transformer.data.text_files import ParallelText
+from transformer.data.token_cache import TokenizedSplit, build_split, file_digest, fingerprint
 from transformer.data.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer, train_tokenizer
-from transformer.errors import DataError
+from transformer.data.tokenizer_files import TokenizerFiles, save_missing
 
 log = logging.getLogger(__name__)
-
-DEFAULT_SPLITS = {
-    "multi30k": ("train", "val", "test_2016_flickr"),
-    "hf": ("train", "validation", "test"),
-    "local": ("train", "val", "test"),
-}
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -122,7 +104,13 @@ class TranslationDataModule(L.LightningDataModule):
         self.hf_name, self.hf_config, self.hf_path = hf_name, hf_config, hf_path
         self.download = download
         # Built now (reading nothing), so that its checks of the options run before any data work.
-        self.source = self._make_source()
+        self.source = make_source(
+            source, root, src_lang, tgt_lang, download, hf_name, hf_config, hf_path
+        )
+        self.tokenizer_files = TokenizerFiles(
+            self.cache_dir / "spm", self.source.tag, src_lang, tgt_lang, vocab_size,
+            spm_model_type, joint_vocab,
+        )  # fmt: skip
         self._splits: dict[str, TokenizedSplit] = {}
         self._texts: dict[str, ParallelText] = {}
         self.src_tokenizer: Tokenizer | None = None
@@ -147,30 +135,8 @@ class TranslationDataModule(L.LightningDataModule):
 
     # -- building ----------------------------------------------------------------------------
 
-    def _make_source(self) -> CorpusSource:
-        if self.source_name == "multi30k":
-            return Multi30kSource(self.root, self.src_lang, self.tgt_lang, download=self.download)
-        if self.source_name == "local":
-            return LocalSource(self.root, self.src_lang, self.tgt_lang)
-        return HFSource(self.src_lang, self.tgt_lang, self.hf_name, self.hf_config, self.hf_path)
-
     def _split_list(self) -> list[str]:
         return list(dict.fromkeys(self.split_names.values()))
-
-    def _tokenizer_paths(self, train_identity: str) -> tuple[Path, Path]:
-        settings = (train_identity, self.vocab_size, self.spm_model_type)
-        kind = f"{self.spm_model_type}{self.vocab_size}"
-        spm_dir = self.cache_dir / "spm"
-        if self.joint_vocab:
-            langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
-            path = (
-                spm_dir / f"{self.source.tag}.{langs}.{kind}.{fingerprint(*settings, langs)}.model"
-            )
-            return path, path
-        return tuple(
-            spm_dir / f"{self.source.tag}.{lang}.{kind}.{fingerprint(*settings, lang)}.model"
-            for lang in (self.src_lang, self.tgt_lang)
-        )
 
     def use_tokenizers(self, src: bytes, tgt: bytes, checkpoint: str | os.PathLike) -> None:
         """Use the SentencePiece models ``checkpoint`` was trained with (``src``, ``tgt``: their
@@ -183,28 +149,7 @@ class TranslationDataModule(L.LightningDataModule):
         """
         if self._splits:
             raise RuntimeError("use_tokenizers() must come before prepare_data() and setup()")
-        if self.joint_vocab and src != tgt:
-            raise DataError(
-                f"checkpoint {checkpoint} has separate source and target tokenizers, but "
-                "data.joint_vocab=true; resume with data.joint_vocab=false, as it was trained"
-            )
-        langs = "-".join(sorted((self.src_lang, self.tgt_lang)))
-        tokenizers = []
-        for side, lang, model in (("source", self.src_lang, src), ("target", self.tgt_lang, tgt)):
-            name = f"{self.source.tag}.{langs if self.joint_vocab else lang}"
-            tok = Tokenizer(
-                self.cache_dir / "spm" / f"{name}.{content_digest(model)}.model",
-                model_proto=model,
-            )
-            if tok.vocab_size != self.vocab_size:
-                raise DataError(
-                    f"the {side} tokenizer of checkpoint {checkpoint} has {tok.vocab_size} "
-                    f"pieces, but data.vocab_size={self.vocab_size}; resume with "
-                    f"data.vocab_size={tok.vocab_size}, the setting it was trained with"
-                )
-            tokenizers.append(tok)
-        src_tok, tgt_tok = tokenizers
-        self._checkpoint_tokenizers = (src_tok, src_tok if self.joint_vocab else tgt_tok)
+        self._checkpoint_tokenizers = self.tokenizer_files.from_checkpoint(src, tgt, checkpoint)
         log.info("using the tokenizers of checkpoint %s, not training SentencePiece", checkpoint)
 
     def _split_path(self, split: str, identity: str, tok_digest: str, filtered: bool) -> Path:
@@ -215,17 +160,7 @@ class TranslationDataModule(L.LightningDataModule):
     def _read(self, split: str) -> ParallelText:
         if split not in self._texts:
             text = self.source.read(split)
-            if not text.src:
-                raise DataError(
-                    f"{text.origin}: split {split!r} is empty (no sentence pairs); fill the files "
-                    "or point data.root at another copy"
-                )
-            for lang, side in ((self.src_lang, text.src), (self.tgt_lang, text.tgt)):
-                if not any(line.strip() for line in side):
-                    raise DataError(
-                        f"{text.origin}: every {lang} line of split {split!r} is empty; fill the "
-                        "file or point data.root at another copy"
-                    )
+            text.check_filled(split, (self.src_lang, self.tgt_lang))
             self._texts[split] = text
         return self._texts[split]
 
@@ -233,11 +168,9 @@ class TranslationDataModule(L.LightningDataModule):
         """The checkpoint's tokenizers (saved into the cache), else those trained on the training
         split (trained now unless cached)."""
         if self._checkpoint_tokenizers is not None:
-            for tok in set(self._checkpoint_tokenizers):
-                if not tok.model_path.exists():
-                    _save(tok)
+            save_missing(self._checkpoint_tokenizers)
             return self._checkpoint_tokenizers
-        src_path, tgt_path = self._tokenizer_paths(train_identity)
+        src_path, tgt_path = self.tokenizer_files.trained_paths(train_identity)
         if not (src_path.exists() and tgt_path.exists()):
             # Read (and so check) every split before any tokenizer training.
             for s in self._split_list():
@@ -249,15 +182,7 @@ class TranslationDataModule(L.LightningDataModule):
                 for path, side in ((src_path, text.src), (tgt_path, text.tgt)):
                     if not path.exists():
                         train_tokenizer(side, path, self.vocab_size, self.spm_model_type)
-        src_tok = Tokenizer(src_path)
-        tgt_tok = src_tok if self.joint_vocab else Tokenizer(tgt_path)
-        for tok in {src_tok, tgt_tok}:
-            if tok.vocab_size != self.vocab_size:
-                raise DataError(
-                    f"{tok.model_path} has {tok.vocab_size} pieces, not data.vocab_size="
-                    f"{self.vocab_size}; delete it so it is trained again"
-                )
-        return src_tok, tgt_tok
+        return self.tokenizer_files.load(src_path, tgt_path)
 
     def _build(self) -> None:
         """Make sure tokenizers and token-id caches exist, building only what is missing, and
@@ -385,9 +310,3 @@ class TranslationDataModule(L.LightningDataModule):
             f"{type(self).__name__}({self.source_name}, {self.src_lang}->{self.tgt_lang}, "
             f"vocab={self.vocab_size}, root={os.fspath(self.root) if self.root else None})"
         )
-
-
-def _save(tok: Tokenizer) -> None:
-    """Write a tokenizer built from bytes to its ``model_path``, atomically."""
-    model = tok.to_bytes()
-    atomic_write(tok.model_path, lambda f: f.write(model))

@@ -3,23 +3,28 @@
 Every source turns one split into a :class:`ParallelText` (source and target sentences in corpus
 order) and gives a cheap ``identity`` string for a split that changes whenever its data does, which
 names the caches built from it. Bad input raises :class:`DataError` naming the file, the line or the
-counts, and what would fix it; nothing is skipped silently.
+counts, and what would fix it; nothing is skipped silently. The file formats are read in
+:mod:`transformer.data.text_files`.
 """
 
 from __future__ import annotations
 
-import gzip
-import json
 import logging
 import os
 import shutil
 import urllib.request
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from transformer.atomic import atomic_write
+from transformer.data.text_files import (
+    ParallelText,
+    file_identity,
+    read_jsonl,
+    read_parallel_files,
+    read_tsv,
+)
 from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -28,60 +33,6 @@ MULTI30K_URL = "https://raw.githubusercontent.com/multi30k/dataset/master/data/t
 MULTI30K_SPLITS = ("train", "val", "test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 MULTI30K_LANGS = ("en", "de", "fr", "cs")
 DOWNLOAD_TIMEOUT_S = 10.0
-
-
-@dataclass
-class ParallelText:
-    src: list[str]
-    tgt: list[str]
-    origin: str  # where the pairs came from, for messages
-
-
-def _open_bytes(path: Path):
-    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
-
-
-def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 text file (plain or ``.gz``) without their line ends.
-
-    Only ``\\n`` separates lines (``\\r\\n`` is accepted too), never the other Unicode separators
-    that ``str.splitlines`` would split on inside a sentence.
-    """
-    path = Path(path)
-    with _open_bytes(path) as f:
-        data = f.read()
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(
-            f"{path}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-    if text.endswith("\n"):
-        text = text[:-1]
-    lines = text.split("\n") if text else []
-    return [s[:-1] if s.endswith("\r") else s for s in lines]
-
-
-def read_parallel_files(src_path: Path, tgt_path: Path) -> ParallelText:
-    """One file per language, line i of one the translation of line i of the other."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: parallel files must "
-            "have one line per sentence pair; fix or replace the shorter/longer file"
-        )
-    return ParallelText(src, tgt, f"{src_path} + {tgt_path}")
-
-
-def file_identity(*paths: Path) -> str:
-    """Resolved path, size and modification time of each file: changes when a file does."""
-    parts = []
-    for p in paths:
-        st = p.stat()
-        parts.append(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}")
-    return "|".join(parts)
 
 
 class CorpusSource(ABC):
@@ -219,47 +170,7 @@ class LocalSource(CorpusSource):
         kind, paths = self._files(split)
         if kind == "text":
             return read_parallel_files(*paths)
-        path = paths[0]
-        lines = read_lines(path)
-        return (self._read_tsv if kind == "tsv" else self._read_jsonl)(path, lines)
-
-    def _read_tsv(self, path: Path, lines: list[str]) -> ParallelText:
-        header = lines[0].split("\t") if lines else []
-        for lang in (self.src_lang, self.tgt_lang):
-            if lang not in header:
-                raise DataError(
-                    f"{path}, line 1: the header {header} does not name language {lang!r}; the "
-                    "first line of a TSV file names the language of each column"
-                )
-        si, ti = header.index(self.src_lang), header.index(self.tgt_lang)
-        src, tgt = [], []
-        for n, line in enumerate(lines[1:], start=2):
-            fields = line.split("\t")
-            if len(fields) != len(header):
-                raise DataError(
-                    f"{path}, line {n}: {len(fields)} tab-separated fields, the header has "
-                    f"{len(header)}; sentences must not contain tabs"
-                )
-            src.append(fields[si])
-            tgt.append(fields[ti])
-        return ParallelText(src, tgt, str(path))
-
-    def _read_jsonl(self, path: Path, lines: list[str]) -> ParallelText:
-        src, tgt = [], []
-        for n, line in enumerate(lines, start=1):
-            if not line.strip():
-                continue
-            try:
-                obj = json.loads(line)
-                pair = obj.get("translation", obj)
-                src.append(pair[self.src_lang])
-                tgt.append(pair[self.tgt_lang])
-            except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
-                raise DataError(
-                    f"{path}, line {n}: not a JSON object with keys {self.src_lang!r} and "
-                    f"{self.tgt_lang!r} (or a 'translation' object with them): {err!r}"
-                ) from None
-        return ParallelText(src, tgt, str(path))
+        return (read_tsv if kind == "tsv" else read_jsonl)(paths[0], self.src_lang, self.tgt_lang)
 
 
 class HFSource(CorpusSource):
@@ -325,3 +236,28 @@ class HFSource(CorpusSource):
                 raise DataError(f"{self.tag}[{split}] has no language {lang!r}; it has {langs}")
             columns[lang] = [t or "" for t in flat[f"translation.{lang}"]]
         return ParallelText(columns[self.src_lang], columns[self.tgt_lang], f"{self.tag}[{split}]")
+
+
+DEFAULT_SPLITS = {  # data.source -> its (train, val, test) split names
+    "multi30k": ("train", "val", "test_2016_flickr"),
+    "hf": ("train", "validation", "test"),
+    "local": ("train", "val", "test"),
+}
+
+
+def make_source(
+    name: str,
+    root: str | os.PathLike | None,
+    src_lang: str,
+    tgt_lang: str,
+    download: bool = True,
+    hf_name: str | None = None,
+    hf_config: str | None = None,
+    hf_path: str | os.PathLike | None = None,
+) -> CorpusSource:
+    """The source that ``data.source=name`` reads; it checks its options and reads nothing."""
+    if name == "multi30k":
+        return Multi30kSource(root, src_lang, tgt_lang, download=download)
+    if name == "local":
+        return LocalSource(root, src_lang, tgt_lang)
+    return HFSource(src_lang, tgt_lang, hf_name, hf_config, hf_path)

@@ -17,7 +17,7 @@ import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from transformer.data.collate import Example
-from transformer.data.sources import ParallelText
+from transformer.data.text_files import ParallelText
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import DataError
 

@@ -1,0 +1,128 @@
+"""Parallel text files: UTF-8 lines (plain or gzipped), a pair of files, TSV and JSONL.
+
+Bad input raises :class:`DataError` naming the file, the line or the counts, and what would fix it;
+nothing is skipped silently.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer.errors import DataError
+
+
+@dataclass
+class ParallelText:
+    src: list[str]
+    tgt: list[str]
+    origin: str  # where the pairs came from, for messages
+
+    def check_filled(self, split: str, langs: tuple[str, str]) -> None:
+        """Raise unless the split has pairs and each side a non-empty line."""
+        if not self.src:
+            raise DataError(
+                f"{self.origin}: split {split!r} is empty (no sentence pairs); fill the files or "
+                "point data.root at another copy"
+            )
+        for lang, side in zip(langs, (self.src, self.tgt), strict=True):
+            if not any(line.strip() for line in side):
+                raise DataError(
+                    f"{self.origin}: every {lang} line of split {split!r} is empty; fill the file "
+                    "or point data.root at another copy"
+                )
+
+
+def _open_bytes(path: Path):
+    return gzip.open(path, "rb") if path.suffix == ".gz" else open(path, "rb")
+
+
+def read_lines(path: str | os.PathLike) -> list[str]:
+    """All lines of a UTF-8 text file (plain or ``.gz``) without their line ends.
+
+    Only ``\\n`` separates lines (``\\r\\n`` is accepted too), never the other Unicode separators
+    that ``str.splitlines`` would split on inside a sentence.
+    """
+    path = Path(path)
+    with _open_bytes(path) as f:
+        data = f.read()
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        raise DataError(
+            f"{path}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
+            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
+        ) from None
+    if text.endswith("\n"):
+        text = text[:-1]
+    lines = text.split("\n") if text else []
+    return [s[:-1] if s.endswith("\r") else s for s in lines]
+
+
+def read_parallel_files(src_path: Path, tgt_path: Path) -> ParallelText:
+    """One file per language, line i of one the translation of line i of the other."""
+    src, tgt = read_lines(src_path), read_lines(tgt_path)
+    if len(src) != len(tgt):
+        raise DataError(
+            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: parallel files must "
+            "have one line per sentence pair; fix or replace the shorter/longer file"
+        )
+    return ParallelText(src, tgt, f"{src_path} + {tgt_path}")
+
+
+def file_identity(*paths: Path) -> str:
+    """Resolved path, size and modification time of each file: changes when a file does."""
+    parts = []
+    for p in paths:
+        st = p.stat()
+        parts.append(f"{p.resolve()}:{st.st_size}:{st.st_mtime_ns}")
+    return "|".join(parts)
+
+
+def read_tsv(path: Path, src_lang: str, tgt_lang: str) -> ParallelText:
+    """A header line naming the languages (``en<TAB>de``), then one pair a line."""
+    lines = read_lines(path)
+    header = lines[0].split("\t") if lines else []
+    for lang in (src_lang, tgt_lang):
+        if lang not in header:
+            raise DataError(
+                f"{path}, line 1: the header {header} does not name language {lang!r}; the "
+                "first line of a TSV file names the language of each column"
+            )
+    si, ti = header.index(src_lang), header.index(tgt_lang)
+    src, tgt = [], []
+    for n, line in enumerate(lines[1:], start=2):
+        fields = line.split("\t")
+        if len(fields) != len(header):
+            raise DataError(
+                f"{path}, line {n}: {len(fields)} tab-separated fields, the header has "
+                f"{len(header)}; sentences must not contain tabs"
+            )
+        src.append(fields[si])
+        tgt.append(fields[ti])
+    return ParallelText(src, tgt, str(path))
+
+
+def read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> ParallelText:
+    """One JSON object a line, ``{"en": ..., "de": ...}`` or ``{"translation": {...}}``; blank
+    lines are skipped."""
+    lines = read_lines(path)
+    src, tgt = [], []
+    for n, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            obj = json.loads(line)
+            pair = obj.get("translation", obj)
+            src.append(pair[src_lang])
+            tgt.append(pair[tgt_lang])
+        except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
+            raise DataError(
+                f"{path}, line {n}: not a JSON object with keys {src_lang!r} and "
+                f"{tgt_lang!r} (or a 'translation' object with them): {err!r}"
+            ) from None
+    return ParallelText(src, tgt, str(path))

@@ -1,0 +1,87 @@
+"""Which SentencePiece models a run uses and where they live in the cache (``cache_dir/spm``):
+those trained on the training split, named by the split's identity and the settings, or a
+checkpoint's, named by their contents."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from transformer.atomic import atomic_write
+from transformer.data.token_cache import content_digest, fingerprint
+from transformer.data.tokenizer import Tokenizer
+from transformer.errors import DataError
+
+
+@dataclass(frozen=True)
+class TokenizerFiles:
+    spm_dir: Path
+    corpus: str  # the source's tag
+    src_lang: str
+    tgt_lang: str
+    vocab_size: int
+    model_type: str
+    joint: bool  # one model for both languages
+
+    @property
+    def _langs(self) -> str:
+        return "-".join(sorted((self.src_lang, self.tgt_lang)))
+
+    def trained_paths(self, train_identity: str) -> tuple[Path, Path]:
+        """Source and target model files trained on the split of this identity (one file twice
+        for a joint vocabulary)."""
+        settings = (train_identity, self.vocab_size, self.model_type)
+        kind = f"{self.model_type}{self.vocab_size}"
+        names = [self._langs] if self.joint else [self.src_lang, self.tgt_lang]
+        src, *tgt = (
+            self.spm_dir / f"{self.corpus}.{n}.{kind}.{fingerprint(*settings, n)}.model"
+            for n in names
+        )
+        return src, tgt[0] if tgt else src
+
+    def load(self, src_path: Path, tgt_path: Path) -> tuple[Tokenizer, Tokenizer]:
+        """The trained models, which must have ``vocab_size`` pieces."""
+        src = Tokenizer(src_path)
+        tgt = src if self.joint else Tokenizer(tgt_path)
+        for tok in {src, tgt}:
+            if tok.vocab_size != self.vocab_size:
+                raise DataError(
+                    f"{tok.model_path} has {tok.vocab_size} pieces, not data.vocab_size="
+                    f"{self.vocab_size}; delete it so it is trained again"
+                )
+        return src, tgt
+
+    def from_checkpoint(
+        self, src: bytes, tgt: bytes, checkpoint: str | os.PathLike
+    ) -> tuple[Tokenizer, Tokenizer]:
+        """The models ``checkpoint`` was trained with (their bytes, equal for a joint vocabulary),
+        checked against these settings; :func:`save_missing` writes them to the cache."""
+        if self.joint and src != tgt:
+            raise DataError(
+                f"checkpoint {checkpoint} has separate source and target tokenizers, but "
+                "data.joint_vocab=true; resume with data.joint_vocab=false, as it was trained"
+            )
+        tokenizers = []
+        for side, lang, model in (("source", self.src_lang, src), ("target", self.tgt_lang, tgt)):
+            name = f"{self.corpus}.{self._langs if self.joint else lang}"
+            tok = Tokenizer(
+                self.spm_dir / f"{name}.{content_digest(model)}.model", model_proto=model
+            )
+            if tok.vocab_size != self.vocab_size:
+                raise DataError(
+                    f"the {side} tokenizer of checkpoint {checkpoint} has {tok.vocab_size} "
+                    f"pieces, but data.vocab_size={self.vocab_size}; resume with "
+                    f"data.vocab_size={tok.vocab_size}, the setting it was trained with"
+                )
+            tokenizers.append(tok)
+        src_tok, tgt_tok = tokenizers
+        return src_tok, src_tok if self.joint else tgt_tok
+
+
+def save_missing(tokenizers: tuple[Tokenizer, Tokenizer]) -> None:
+    """Write tokenizers built from bytes to their ``model_path`` (atomically) where none is."""
+    for tok in set(tokenizers):
+        if not tok.model_path.exists():
+            model = tok.to_bytes()
+            atomic_write(tok.model_path, lambda f, model=model: f.write(model))
