@@ -5,14 +5,11 @@ import torch
 from torch import nn
 
 import transformer.attention as attention_module
+from tests.tiny import lengths_to_pad_mask
 from transformer import KVCache, MultiheadAttention
 from transformer.masks import attention_allowed, causal_allowed
 
 B, T, S, D, H = 3, 6, 5, 32, 4
-
-
-def lengths_to_pad_mask(lengths: list[int], total: int) -> torch.Tensor:
-    return torch.arange(total)[None, :] >= torch.tensor(lengths)[:, None]  # True at padding
 
 
 def torch_mha(ours: MultiheadAttention, kdim: int | None = None) -> nn.MultiheadAttention:
@@ -85,6 +82,20 @@ def test_sdpa_path_equals_explicit_path(cross: bool, causal: bool, num_kv_heads:
     fast, _ = attn(x, memory, key_padding_mask=pad, causal=causal)
     explicit, _ = attn(x, memory, key_padding_mask=pad, causal=causal, need_weights=True)
     torch.testing.assert_close(fast, explicit, atol=1e-5, rtol=1e-5)
+
+
+def test_float64_weights_path_keeps_float64_precision() -> None:
+    """The weights-returning path takes its softmax in the input's precision when that is float32
+    or wider (float32 only for bf16/fp16): a float64 model agrees with its sdpa path to float64
+    rounding, and its weights rows sum to one in float64."""
+    attn = MultiheadAttention(D, H).double().eval()
+    x, pad = torch.randn(B, T, D, dtype=torch.float64), lengths_to_pad_mask([T, 3, 1], T)
+    fast, _ = attn(x, key_padding_mask=pad, causal=True)
+    explicit, weights = attn(x, key_padding_mask=pad, causal=True, need_weights=True)
+    assert weights.dtype == torch.float64
+    torch.testing.assert_close(explicit, fast, rtol=1e-12, atol=1e-12)
+    ones = torch.ones(B, H, T, dtype=torch.float64)
+    torch.testing.assert_close(weights.sum(-1), ones, rtol=0, atol=1e-13)
 
 
 @pytest.mark.parametrize("autocast", [False, True])

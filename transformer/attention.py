@@ -63,7 +63,9 @@ def explicit_attention(
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
     if allowed is not None:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
-    weights = scores.float().softmax(dim=-1).to(v.dtype)  # float32 softmax for bf16 scores
+    # bf16/fp16 scores: softmax in float32; float32 and float64 keep their own precision
+    weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
+    weights = weights.to(v.dtype)
     if allowed is not None:
         weights = weights.masked_fill(~allowed, 0.0)
     return dropout(weights, dropout_p) @ v, weights
