@@ -6,6 +6,7 @@ The README's "What happens when..." section points here; each test states one gu
 from __future__ import annotations
 
 import csv
+import math
 import os
 import re
 import shutil
@@ -234,6 +235,55 @@ def test_nan_and_inf_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch
     assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
     adam_steps = {float(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
     assert adam_steps == {6.0}  # 8 steps, 2 of them made no update
+
+
+class NonFiniteGradient(torch.autograd.Function):
+    """The identity forward; backward gives NaN (odd ``n``) or inf gradients."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.bad = float("nan") if n % 2 else float("inf")
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.bad, None
+
+
+def poison_gradients(monkeypatch, bad_batches: set[int]) -> None:
+    """The given training batches (counted from 0) keep a finite loss, but their gradients are
+    NaN (odd ones) or inf (even ones)."""
+    real = lit_module.label_smoothed_loss
+    seen = {"n": 0}
+
+    def loss(*args, **kwargs):
+        out = real(*args, **kwargs)
+        if not torch.is_grad_enabled():  # validation
+            return out
+        n, seen["n"] = seen["n"], seen["n"] + 1
+        return (NonFiniteGradient.apply(out[0], n), *out[1:]) if n in bad_batches else out
+
+    monkeypatch.setattr(lit_module, "label_smoothed_loss", loss)
+
+
+@pytest.mark.parametrize("clip", ["1.0", "null"], ids=["clip", "no-clip"])
+@pytest.mark.parametrize("path", SKIP_PATHS)
+def test_nan_or_inf_gradients_with_a_finite_loss_are_skipped(
+    corpus, tmp_path, monkeypatch, path, clip
+):
+    poison_gradients(monkeypatch, {3, 4})
+    overrides = [
+        *tiny_overrides(corpus),
+        "trainer.max_steps=8",
+        f"trainer.gradient_clip_val={clip}",
+    ]
+    metrics = train(compose_cfg([*overrides, *SKIP_PATHS[path]], tmp_path))
+    assert metrics["train/skipped_steps"] == 2 and math.isfinite(metrics["train/loss"])
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+    states = ckpt["optimizer_states"][0]["state"].values()
+    assert all(torch.isfinite(s["exp_avg_sq"]).all() for s in states)
+    assert {float(s["step"]) for s in states} == {6.0}  # 8 steps, 2 of them made no update
 
 
 @pytest.mark.parametrize("path", SKIP_PATHS)

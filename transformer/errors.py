@@ -31,7 +31,7 @@ class TrainingStopped(UserError, RuntimeError):
 
 
 class NonFiniteLoss(TrainingStopped):
-    """The loss was NaN or inf for too many steps in a row."""
+    """The loss or gradients were NaN or inf for too many steps in a row."""
 
 
 class Interrupted(TrainingStopped):

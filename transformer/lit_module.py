@@ -22,7 +22,7 @@ from transformer.loss import label_smoothed_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.nonfinite import NonFiniteSteps
-from transformer.optim import build_optimizer, clip_gradients
+from transformer.optim import build_optimizer, clip_gradients, gradient_norm
 from transformer.translate import decode_batch
 
 log = logging.getLogger(__name__)
@@ -68,7 +68,8 @@ class TranslationModule(L.LightningModule):
             unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
             missing ones take its defaults, invalid ones raise ValueError.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
-        max_bad_steps: a step whose loss is NaN or inf is skipped (no update) and counted; this
+        max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
+            counted; this
             many in a row stop training with :class:`NonFiniteLoss`.
         compile_model: ``torch.compile`` the model's teacher-forced forward pass (dynamic shapes:
             token-budget batches of any shape share one graph). Only the training and validation
@@ -136,7 +137,7 @@ class TranslationModule(L.LightningModule):
         ntok = ntok.clamp(min=1)
         loss = loss_sum / ntok
         # Nothing here waits for the device: a NaN/inf loss is only flagged, and every rank still
-        # runs backward (DDP's all-reduce needs every rank); on_before_optimizer_step skips.
+        # runs backward (DDP's all-reduce needs every rank); configure_gradient_clipping skips.
         self.nonfinite.flag(loss)
         now = time.perf_counter()
         bsz = len(batch.labels)
@@ -150,30 +151,35 @@ class TranslationModule(L.LightningModule):
         self._last_batch_time = now
         return loss
 
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        """Skip the update of a step whose loss was NaN or inf, on every rank."""
-        step, trainer = self.global_step, self.trainer
-        self.nonfinite.skip_if_bad(
-            optimizer, step, world_size=trainer.world_size,
-            fp16=trainer.precision == "16-mixed", log_step=step % trainer.log_every_n_steps == 0,
-        )  # fmt: skip
-        self.log("train/skipped_steps", host_scalar(self.nonfinite.skipped))
-
     def configure_gradient_clipping(
         self,
         optimizer: torch.optim.Optimizer,
         gradient_clip_val: float | None = None,
         gradient_clip_algorithm: str | None = None,
     ) -> None:
-        """``trainer.gradient_clip_val`` for every precision, optimizer and strategy (Lightning's
-        own clipping refuses fused AdamW under mixed precision: :func:`clip_gradients`); the norm
-        before clipping is logged as ``train/grad_norm`` (a device tensor: no sync here)."""
-        if not gradient_clip_val:
-            return
-        algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
-        norm = clip_gradients(self.trainer, optimizer, float(gradient_clip_val), algorithm)
-        if norm is not None:
+        """After backward, before ``optimizer.step()`` (Lightning calls it whether or not clipping
+        is on): clip, and skip the update of a step whose loss or gradients are NaN or inf.
+
+        Clipping: ``trainer.gradient_clip_val`` for every precision, optimizer and strategy
+        (Lightning's own refuses fused AdamW under mixed precision: :func:`clip_gradients`); the
+        norm before clipping is logged as ``train/grad_norm`` (a device tensor: no sync here).
+        The same norm (or, without clipping, the gradients' norm) flags a step whose gradients
+        are not finite though its loss is; under fp16 the GradScaler skips those itself."""
+        trainer = self.trainer
+        fp16 = trainer.precision == "16-mixed"
+        norm = None
+        if gradient_clip_val:
+            algorithm = GradClipAlgorithmType(gradient_clip_algorithm or "norm")
+            norm = clip_gradients(trainer, optimizer, float(gradient_clip_val), algorithm)
             self.log("train/grad_norm", norm)
+        if not fp16:
+            self.nonfinite.flag(gradient_norm(optimizer) if norm is None else norm)
+        step = self.global_step
+        self.nonfinite.skip_if_bad(
+            optimizer, step, world_size=trainer.world_size, fp16=fp16,
+            log_step=step % trainer.log_every_n_steps == 0,
+        )  # fmt: skip
+        self.log("train/skipped_steps", host_scalar(self.nonfinite.skipped))
 
     def on_train_epoch_start(self) -> None:
         self._last_batch_time = None

@@ -1,4 +1,5 @@
-"""Steps whose loss is NaN or inf: flagged on the device, skipped, counted on the host lazily."""
+"""Steps whose loss or gradients are NaN or inf: flagged on the device, skipped, counted on the host
+lazily."""
 
 from __future__ import annotations
 
@@ -23,15 +24,16 @@ class NonFiniteSteps:
 
     def __init__(self, max_in_a_row: int) -> None:
         self.max_in_a_row = max_in_a_row
-        self.skipped = 0  # steps skipped for a NaN or inf loss, in the whole run
+        self.skipped = 0  # steps skipped for a NaN or inf loss or gradient, in the whole run
         self.in_a_row = 0  # both as counted so far
-        self._bad: Tensor | None = None  # this optimizer step's loss was NaN/inf (device bool)
+        self._bad: Tensor | None = None  # this step's loss or gradient was NaN/inf (device bool)
         self._uncounted: list[tuple[int, Tensor]] = []  # (step, bad) not yet read on the host
 
-    def flag(self, loss: Tensor) -> None:
-        """Note a micro-batch's loss, without waiting for the device: a NaN/inf in any
-        micro-batch of an accumulated step makes the step bad."""
-        bad = ~torch.isfinite(loss)
+    def flag(self, value: Tensor) -> None:
+        """Note a micro-batch's loss or the step's gradient norm, without waiting for the
+        device: a NaN/inf in any of them (any micro-batch of an accumulated step) makes the step
+        bad."""
+        bad = ~torch.isfinite(value)
         self._bad = bad if self._bad is None else self._bad | bad
 
     def skip_if_bad(
@@ -43,8 +45,8 @@ class NonFiniteSteps:
         fp16: bool,
         log_step: bool,
     ) -> None:
-        """Before ``optimizer.step()``: make it change nothing if this step's loss was NaN or inf
-        on any rank.
+        """Before ``optimizer.step()``: make it change nothing if this step's loss or gradients
+        were NaN or inf on any rank.
 
         A fused optimizer (AdamW ``fused=True``, the default on CUDA) skips on the device: its
         kernel reads ``found_inf``, the flag GradScaler uses, and the flags are read on the host
@@ -83,13 +85,13 @@ class NonFiniteSteps:
             self.skipped += 1
             self.in_a_row += 1
             log.warning(
-                "step %d: loss is NaN or inf, step skipped (%d in a row, %d in all)",
+                "step %d: loss or gradients NaN or inf, step skipped (%d in a row, %d in all)",
                 step, self.in_a_row, self.skipped,
             )  # fmt: skip
             if self.in_a_row >= self.max_in_a_row:
                 raise NonFiniteLoss(
-                    f"the loss was NaN or inf for {self.in_a_row} steps in a row, the last at "
-                    f"step {step}; training stopped. No checkpoint was written since the last "
-                    "finite loss; lower optim.optimizer.lr, or raise loss.max_bad_steps"
+                    f"the loss or gradients were NaN or inf for {self.in_a_row} steps in a row, "
+                    f"the last at step {step}; training stopped. No checkpoint was written since "
+                    "the last good step; lower optim.optimizer.lr, or raise loss.max_bad_steps"
                 )
         return self.in_a_row

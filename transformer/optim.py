@@ -54,11 +54,20 @@ def build_optimizer(
     return optimizer(param_groups(model, weight_decay), **kwargs)
 
 
+def gradient_norm(optimizer: Optimizer) -> Tensor:
+    """The total 2-norm of ``optimizer``'s gradients (this process's shards under FSDP), on the
+    device: NaN or inf where any gradient is."""
+    grads = [
+        p.grad for group in optimizer.param_groups for p in group["params"] if p.grad is not None
+    ]
+    return torch.nn.utils.get_total_norm(grads)
+
+
 def clip_gradients(
     trainer: L.Trainer, optimizer: Optimizer, clip_val: float, algorithm: GradClipAlgorithmType
-) -> Tensor | None:
+) -> Tensor:
     """Clip the gradients of ``optimizer``'s parameters for any precision, optimizer and strategy
-    a run can choose; return their total norm before clipping (``norm``) or None (``value``).
+    a run can choose; return their total norm before clipping.
 
     Lightning (2.6) clips through its precision plugin, which refuses an optimizer that unscales
     gradients itself (fused AdamW, the default on CUDA) under mixed precision, bf16 included where
@@ -71,15 +80,16 @@ def clip_gradients(
     * otherwise ``torch.nn.utils.clip_grad_norm_``.
 
     Nothing waits for the device: the norm stays a tensor. A NaN/inf norm leaves NaN gradients in
-    a step that is skipped anyway (its loss was flagged, or the scaler found inf).
+    a step that is skipped anyway (the norm is flagged, or the scaler found inf).
     """
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     if scaler is not None and getattr(optimizer, "_step_supports_amp_scaling", False):
         scaler.unscale_(optimizer)
     params = [p for group in optimizer.param_groups for p in group["params"]]
     if algorithm == GradClipAlgorithmType.VALUE:
+        norm = gradient_norm(optimizer)  # before clamping turns an inf into a finite value
         torch.nn.utils.clip_grad_value_(params, clip_val)
-        return None
+        return norm
     model = trainer.strategy.model
     if isinstance(model, FullyShardedDataParallel):
         return model.clip_grad_norm_(clip_val)
