@@ -3,14 +3,13 @@ Skipped without a GPU; run them with ``pytest -m cuda``."""
 
 from __future__ import annotations
 
-import csv
 import math
 from pathlib import Path
 
 import pytest
 import torch
 
-from tests.tiny import compose_cfg, tiny_overrides
+from tests.tiny import compose_cfg, logged, tiny_overrides
 from transformer.checkpoints import load_checkpoint
 from transformer.training import train
 
@@ -25,12 +24,6 @@ def on_gpu(corpus: Path) -> list[str]:
     return [o for o in tiny_overrides(corpus) if not o.startswith("trainer.accelerator")]
 
 
-def losses(out_dir: Path) -> list[float]:
-    (path,) = out_dir.glob("csv/version_*/metrics.csv")
-    with open(path) as f:
-        return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
-
-
 def test_default_fit_on_gpu_learns_in_bf16_with_fused_adamw_and_clipping(corpus, tmp_path):
     made: list[bool | None] = []
     real_init = torch.optim.AdamW.__init__
@@ -43,7 +36,7 @@ def test_default_fit_on_gpu_learns_in_bf16_with_fused_adamw_and_clipping(corpus,
         mp.setattr(torch.optim.AdamW, "__init__", record)
         metrics = train(compose_cfg([*on_gpu(corpus), "trainer.max_steps=40"], tmp_path))
     assert made == [True]  # fused=null: the fused kernel on CUDA
-    got = losses(tmp_path)
+    got = logged(tmp_path, "train/loss")
     assert all(math.isfinite(x) for x in got) and sum(got[-5:]) < sum(got[:5]) - 1.0, got
     assert math.isfinite(metrics["train/grad_norm"]) and math.isfinite(metrics["val/bleu"])
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")

@@ -5,7 +5,6 @@ The README's "What happens when..." section points here; each test states one gu
 
 from __future__ import annotations
 
-import csv
 import math
 import os
 import re
@@ -19,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny import REPO, compose_cfg, tiny_overrides
+from tests.tiny import REPO, compose_cfg, logged, tiny_overrides
 from transformer import atomic, lit_module
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import load_checkpoint
@@ -105,14 +104,8 @@ def wait_for(proc: subprocess.Popen, run_dir: Path, batches: int, checkpoint: bo
     pytest.fail(f"the run did not reach {batches} batches in time")
 
 
-def losses_by_step(out_dir: Path) -> list[float]:
-    (path,) = out_dir.glob("csv/version_*/metrics.csv")
-    with open(path) as f:
-        return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
-
-
 def final_loss(out_dir: Path) -> float:
-    return losses_by_step(out_dir)[-1]
+    return logged(out_dir, "train/loss")[-1]
 
 
 def test_sigkill_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
@@ -185,10 +178,10 @@ def test_same_seed_gives_identical_losses(corpus, tmp_path):
     overrides = [*tiny_overrides(corpus), "model.dropout=0.1", "trainer.max_steps=6"]
     train(compose_cfg(overrides, tmp_path / "a"))
     train(compose_cfg(overrides, tmp_path / "b"))
-    losses = [losses_by_step(tmp_path / run) for run in ("a", "b")]
+    losses = [logged(tmp_path / run, "train/loss") for run in ("a", "b")]
     assert len(losses[0]) == 6 and losses[0] == losses[1]
     train(compose_cfg([*overrides, "seed=7"], tmp_path / "c"))
-    other = losses_by_step(tmp_path / "c")
+    other = logged(tmp_path / "c", "train/loss")
     assert other != losses[0]  # the seed matters: the comparison above can fail
 
 
@@ -284,6 +277,35 @@ def test_nan_or_inf_gradients_with_a_finite_loss_are_skipped(
     states = ckpt["optimizer_states"][0]["state"].values()
     assert all(torch.isfinite(s["exp_avg_sq"]).all() for s in states)
     assert {float(s["step"]) for s in states} == {6.0}  # 8 steps, 2 of them made no update
+
+
+@pytest.mark.parametrize("path", SKIP_PATHS)
+def test_skipped_steps_do_not_advance_the_learning_rate_schedule(
+    corpus, tmp_path, monkeypatch, path
+):
+    """The schedule counts updates made: 8 steps with 2 skipped leave it at update 6 (the host
+    path holds the rate at each skipped step), and a run resumed after the skips ends with the
+    weights and optimizer state of the uninterrupted one."""
+    overrides = [*tiny_overrides(corpus), "loss.max_bad_steps=3", *SKIP_PATHS[path]]
+    poison_loss(monkeypatch, {3, 4})
+    train(compose_cfg([*overrides, "trainer.max_steps=8"], tmp_path / "full"))
+    full = load_checkpoint(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    assert full["lr_schedulers"][0]["last_epoch"] == 6
+    peak, warmup = 3e-3, 10  # tiny_overrides' rate and warmup: linear warmup for 10 updates
+    assert full["optimizer_states"][0]["param_groups"][0]["lr"] == pytest.approx(peak * 7 / warmup)
+    if path == "host":  # the rate of each step, as logged before its update
+        want = [peak * (u + 1) / warmup for u in [0, 1, 2, 3, 3, 3, 4, 5]]
+        assert logged(tmp_path / "full", "lr") == pytest.approx(want)
+
+    poison_loss(monkeypatch, {3, 4})  # counted from 0 again
+    train(compose_cfg([*overrides, "trainer.max_steps=6"], tmp_path / "part"))
+    part = tmp_path / "part" / "checkpoints" / "last.ckpt"
+    resumed = tmp_path / "resumed"
+    train(compose_cfg([*overrides, "trainer.max_steps=8", f"ckpt_path={part}"], resumed))
+    got = load_checkpoint(resumed / "checkpoints" / "last.ckpt")
+    assert got["lr_schedulers"][0]["last_epoch"] == 6
+    for key, value in got["state_dict"].items():
+        torch.testing.assert_close(value, full["state_dict"][key], rtol=0, atol=1e-6)
 
 
 @pytest.mark.parametrize("path", SKIP_PATHS)

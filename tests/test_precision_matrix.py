@@ -10,7 +10,6 @@ generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/test_lit_module.py
 
 from __future__ import annotations
 
-import csv
 import itertools
 import math
 from pathlib import Path
@@ -18,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny import compose_cfg, tiny_overrides
+from tests.tiny import compose_cfg, logged, tiny_overrides
 from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
 from transformer.training import train
@@ -36,12 +35,6 @@ def corpus(corpus: Path, tmp_path_factory) -> Path:
     once = ["trainer.max_steps=1", "trainer.limit_val_batches=0", "~callbacks.best_checkpoint"]
     train(compose_cfg([*tiny_overrides(corpus), *once], tmp_path_factory.mktemp("warm")))
     return corpus
-
-
-def logged_losses(out_dir: Path) -> list[float]:
-    (path,) = out_dir.glob("csv/version_*/metrics.csv")
-    with open(path) as f:
-        return [float(r["train/loss"]) for r in csv.DictReader(f) if r.get("train/loss")]
 
 
 def combination_id(combo) -> str:
@@ -72,7 +65,7 @@ def test_combination_trains(corpus, tmp_path, combo):
     ]
     metrics = train(compose_cfg(overrides, tmp_path))
 
-    losses = logged_losses(tmp_path)
+    losses = logged(tmp_path, "train/loss")
     assert len(losses) >= STEPS and all(math.isfinite(x) for x in losses), losses
     assert sum(losses[-2:]) / 2 < sum(losses[:2]) / 2 - 0.2, losses  # it learns
     assert ("train/grad_norm" in metrics) == clip  # clipping ran, and only when asked

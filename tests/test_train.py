@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import logging
 import math
@@ -26,7 +25,7 @@ from omegaconf import OmegaConf
 
 import transformer.data.datamodule
 import transformer.translate
-from tests.tiny import CONFIGS, REPO, compose_cfg, tiny_overrides
+from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, tiny_overrides
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config_checks import model_config, validate_config
@@ -38,12 +37,6 @@ from transformer.training import train
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
-
-
-def read_metrics(out_dir: Path) -> list[dict[str, str]]:
-    (path,) = out_dir.glob("csv/version_*/metrics.csv")
-    with open(path) as f:
-        return list(csv.DictReader(f))
 
 
 def train_losses(rows) -> dict[int, float]:

@@ -3,6 +3,7 @@ configs that train on the corpus in seconds."""
 
 from __future__ import annotations
 
+import csv
 import gzip
 import random
 from pathlib import Path
@@ -96,6 +97,18 @@ def padded_batch(lengths: list[tuple[int, int]], seed: int = 0, vocab: int = 20)
     rng = np.random.default_rng(seed)
     pairs = [(rng.integers(4, vocab, s), rng.integers(4, vocab, t)) for s, t in lengths]
     return Collator()([(i, src, tgt) for i, (src, tgt) in enumerate(pairs)])
+
+
+def read_metrics(out_dir: Path) -> list[dict[str, str]]:
+    """The rows of a run's CSV log (``logger=csv``)."""
+    (path,) = out_dir.glob("csv/version_*/metrics.csv")
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def logged(out_dir: Path, key: str) -> list[float]:
+    """The values of ``key`` in a run's CSV log, in the order they were logged."""
+    return [float(r[key]) for r in read_metrics(out_dir) if r.get(key)]
 
 
 ATTENTION_MAPS_OFF = "~callbacks.attention_maps"

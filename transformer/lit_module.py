@@ -12,6 +12,7 @@ import lightning as L
 import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
+from torch.optim.lr_scheduler import LambdaLR
 
 from transformer.checkpoints import read_training_state, set_rng_states, write_training_state
 from transformer.config import TransformerConfig
@@ -189,6 +190,17 @@ class TranslationModule(L.LightningModule):
         sampler = getattr(self.trainer.train_dataloader, "batch_sampler", None)
         if hasattr(sampler, "set_epoch"):
             sampler.set_epoch(self.current_epoch)
+
+    def lr_scheduler_step(self, scheduler, metric: Any = None) -> None:
+        """Advance a schedule by the updates made, not the steps taken: a step skipped for a NaN
+        or inf loss or gradient leaves the learning rate where it was, and a resumed run
+        continues the same schedule. Exact where the skips are counted every step; with fused
+        AdamW (counted lazily) the schedule runs ahead by the skips not yet counted and falls back
+        at the next count (a logging step, a checkpoint). A schedule other than a ``LambdaLR``
+        (closed form in its step) counts steps taken."""
+        if isinstance(scheduler, LambdaLR):
+            scheduler.last_epoch = self.global_step - self.nonfinite.skipped - 1  # step() adds 1
+        scheduler.step()
 
     def configure_optimizers(self):
         if self.optimizer_factory is None:
