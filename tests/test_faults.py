@@ -350,6 +350,28 @@ def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
     assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
 
 
+def test_ddp_resume_gives_each_rank_its_own_random_state(corpus, tmp_path):
+    """Two CPU processes with dropout: 6 steps in one run == 3 steps, checkpoint, resume to 6.
+    The ranks' dropout streams differ (their batches do), so each rank needs its own back."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    common = [*tiny_overrides(corpus), "trainer.devices=2", "trainer.strategy=ddp"]
+    common += ["model.dropout=0.1", "model.attention_dropout=0.1"]
+
+    def run(out: Path, *extra: str) -> None:
+        cmd = [sys.executable, "train.py", *common, f"hydra.run.dir={out}", *extra]
+        res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stderr[-3000:]
+
+    run(tmp_path / "full", "trainer.max_steps=6")
+    run(tmp_path / "part", "trainer.max_steps=3")
+    part = tmp_path / "part" / "checkpoints" / "last.ckpt"
+    assert len(load_checkpoint(part)["rng_states"]) == 2
+    run(tmp_path / "resumed", "trainer.max_steps=6", f"ckpt_path={part}")
+    want = weights(tmp_path / "full" / "checkpoints" / "last.ckpt")
+    for key, value in weights(tmp_path / "resumed" / "checkpoints" / "last.ckpt").items():
+        torch.testing.assert_close(value, want[key], rtol=0, atol=1e-6)
+
+
 # -- bad input ----------------------------------------------------------------------------------
 # Each is a user error: train() raises a UserError (train.py prints it as one `error:` line
 # and exits 1) before any checkpoint is written. Tested elsewhere: invalid UTF-8, mismatched line

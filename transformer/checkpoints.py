@@ -4,9 +4,9 @@ and how evaluation loads them (with clear errors), rebuilds the model and averag
 A checkpoint written by ``train.py`` holds the model config (``hyper_parameters.model``), the
 weights (``state_dict``, prefixed ``model.``), the data settings
 (``datamodule_hyper_parameters``) and both SentencePiece models (``tokenizers``), so it evaluates
-anywhere; for an exact resume also the random states (``rng_states``) and the count of NaN/inf
-steps skipped (``skipped_steps``). Averaging: ``python -m transformer.checkpoints OUT.ckpt IN1.ckpt
-IN2.ckpt ...``.
+anywhere; for an exact resume also the random states of every process (``rng_states``, a list
+indexed by global rank) and the count of NaN/inf steps skipped (``skipped_steps``). Averaging:
+``python -m transformer.checkpoints OUT.ckpt IN1.ckpt IN2.ckpt ...``.
 """
 
 from __future__ import annotations
@@ -41,9 +41,18 @@ def write_training_state(
     checkpoint: dict[str, Any], skipped_steps: int, tokenizers: tuple[Tokenizer, Tokenizer] | None
 ) -> None:
     """Add to a checkpoint being saved what training keeps beside Lightning's own state: the
-    random states, the skipped-step count and (when known) the (source, target) SentencePiece
-    models, so that it can be evaluated on a machine without the run's data/ folder."""
-    checkpoint["rng_states"] = get_rng_states()
+    random states of every rank, the skipped-step count and (when known) the (source, target)
+    SentencePiece models, so that it can be evaluated on a machine without the run's data/ folder.
+
+    Under DDP every rank calls this (Lightning saves collectively, rank 0 writes): the ranks'
+    states are gathered, since each rank's streams (dropout) have moved on differently."""
+    states = get_rng_states()
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        gathered: list[Any] = [None] * torch.distributed.get_world_size()
+        torch.distributed.all_gather_object(gathered, states)
+        checkpoint["rng_states"] = gathered
+    else:
+        checkpoint["rng_states"] = [states]
     checkpoint["skipped_steps"] = skipped_steps
     if tokenizers is not None:
         checkpoint["tokenizers"] = {
@@ -52,9 +61,25 @@ def write_training_state(
         }
 
 
-def read_training_state(checkpoint: dict[str, Any]) -> tuple[dict[str, Any] | None, int]:
-    """(random states or None, skipped-step count) of a checkpoint being resumed."""
-    return checkpoint.get("rng_states"), checkpoint.get("skipped_steps", 0)
+def read_training_state(
+    checkpoint: dict[str, Any], rank: int = 0
+) -> tuple[dict[str, Any] | None, int]:
+    """(this rank's random states or None, skipped-step count) of a checkpoint being resumed.
+
+    A checkpoint from fewer ranks than now (or from before 2026-11-22: one process's states)
+    has none for some ranks: they take rank ``rank % saved`` (a warning: the resume is not exact).
+    """
+    states = checkpoint.get("rng_states")
+    if isinstance(states, dict):
+        states = [states]
+    if states and rank >= len(states):
+        log.warning(
+            "the checkpoint holds the random states of %d rank(s); rank %d takes those of rank "
+            "%d, so dropout and sampling do not continue exactly as they would have",
+            len(states), rank, rank % len(states),
+        )  # fmt: skip
+    own = states[rank % len(states)] if states else None
+    return own, checkpoint.get("skipped_steps", 0)
 
 
 def get_rng_states() -> dict[str, Any]:

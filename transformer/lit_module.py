@@ -278,7 +278,9 @@ class TranslationModule(L.LightningModule):
         write_training_state(checkpoint, self.nonfinite.skipped, self._tokenizers())
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self._rng_to_restore, self.nonfinite.skipped = read_training_state(checkpoint)
+        self._rng_to_restore, self.nonfinite.skipped = read_training_state(
+            checkpoint, self.global_rank
+        )
 
     def _tokenizers(self) -> tuple[Tokenizer, Tokenizer] | None:
         """The data's (source, target) tokenizers, once it has them."""
