@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import re
 import shutil
 import subprocess
@@ -73,6 +74,30 @@ def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     translations = lines(tmp_path / "hypotheses.txt")
     assert translations[:5] == lines(tmp_path / "split" / "hypotheses.txt")[:5]
     assert translations[5] == "" and len(out["translations"]) == 7
+
+
+def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, caplog) -> None:
+    """One translation per input line whatever the file's quirks: a UTF-8 byte-order mark is
+    dropped, CRLF line ends are line ends, a U+2028 inside a sentence does not split it, blank
+    lines give "", and a line too long for the model is cut with a warning naming its line."""
+    ckpt, corpus = trained
+    clean = ["a dog runs", "the man sits\u2028in the park", "", "the cat", "a " * 300]
+    plain, quirky = tmp_path / "plain.txt", tmp_path / "quirky.txt"
+    plain.write_text("\n".join(clean) + "\n", encoding="utf-8")
+    quirky.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(clean).encode("utf-8"))  # no final newline
+    greedy = [f"ckpt_path={ckpt}", "decode=greedy"]
+    with caplog.at_level(logging.WARNING, logger="transformer.data.collate"):
+        evaluate(eval_cfg([*greedy, f"input={quirky}"], tmp_path / "quirky"))
+    assert "1 input line(s) have more than 256 pieces" in caplog.text
+    assert "(first: line 5)" in caplog.text
+    evaluate(eval_cfg([*greedy, f"input={plain}"], tmp_path / "plain"))
+    got = lines(tmp_path / "quirky" / "hypotheses.txt")
+    assert len(got) == len(clean) and got[2] == ""
+    assert got == lines(tmp_path / "plain" / "hypotheses.txt")
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_bytes("a dog runs\n".encode("utf-16"))
+    with pytest.raises(DataError, match=r"utf16.txt, line 1: a UTF-16 or UTF-32 byte-order mark"):
+        evaluate(eval_cfg([*greedy, f"input={utf16}"], tmp_path / "utf16"))
 
 
 def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_path) -> None:
@@ -243,7 +268,7 @@ def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path)
     latin1.write_bytes("groß\n".encode("latin-1"))
     cases = [
         (["input=none.txt"], ConfigError, "input=none.txt: no such file"),
-        ([f"input={latin1}"], DataError, "latin1.txt: bytes that are not UTF-8"),
+        ([f"input={latin1}"], DataError, "latin1.txt, line 1: bytes that are not UTF-8"),
         (["decode.beam_size=0"], ConfigError, "decode.beam_size must be >= 1"),
         (["+data.max_len=0"], ConfigError, r"invalid data option \(data\.\*\): max_len must be"),
         (["analysis=maps", "analysis_options.probes=two"], ConfigError,

@@ -409,6 +409,10 @@ def _corrupt(root: Path, case: str) -> list[str]:
     elif case == "an unwritable output directory":
         (root / "a-file").write_text("")
         return [f"callbacks.last_checkpoint.dirpath={root / 'a-file' / 'checkpoints'}"]
+    elif case == "a validation line beyond model.max_positions":
+        for lang in ("en", "de"):  # pair 33 of val: 300 words, 300+ pieces
+            with open(root / f"val.{lang}", "a", encoding="utf-8") as f:
+                f.write(" ".join(["a" if lang == "en" else "ein"] * 300) + "\n")
     elif case == "a truncated checkpoint to resume from":
         (root / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
         return [f"ckpt_path={root / 'last.ckpt'}"]
@@ -428,6 +432,8 @@ BAD_TRAINING_INPUT = {
     "kv heads not dividing heads": r"num_kv_heads=3 does not divide num_heads=4",
     "an unwritable output directory": r"callbacks.last_checkpoint.dirpath=.*not a writable",
     "a truncated checkpoint to resume from": r"last.ckpt is truncated or not a checkpoint",
+    "a validation line beyond model.max_positions": r"val: 1 sentence pair\(s\) longer than "
+    r"model.max_positions=256 .*first: pair 33",
 }
 
 

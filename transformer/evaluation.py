@@ -26,8 +26,9 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.data.datamodule import TranslationDataModule
+from transformer.data.text_files import read_lines, split_lines
 from transformer.decoding import DecodeOptions
-from transformer.errors import CheckpointError, ConfigError, DataError
+from transformer.errors import CheckpointError, ConfigError
 from transformer.metrics import score_translations
 from transformer.translate import Translator
 
@@ -119,17 +120,13 @@ def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
 
 
 def _read_input(input_path: str) -> list[str]:
-    path = Path(input_path)
-    if input_path != "-" and not path.is_file():
+    """The lines to translate, as the corpus files are read: UTF-8 (a byte-order mark dropped),
+    ``\\n`` or ``\\r\\n`` line ends only (a U+2028 inside a sentence stays in it), ``.gz``."""
+    if input_path == "-":
+        return split_lines(sys.stdin.buffer.read(), "input=-")
+    if not Path(input_path).is_file():
         raise ConfigError(f"input={input_path}: no such file")
-    try:
-        text = sys.stdin.read() if input_path == "-" else path.read_text(encoding="utf-8")
-    except UnicodeDecodeError as err:
-        raise DataError(
-            f"input={input_path}: bytes that are not UTF-8 ({err.object[err.start : err.end]!r}); "
-            "re-encode it as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
-    return text.splitlines()
+    return read_lines(input_path)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:

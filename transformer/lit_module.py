@@ -128,6 +128,13 @@ class TranslationModule(L.LightningModule):
             self.cfg.pad_id, batch.num_tgt_tokens,
         )  # fmt: skip
 
+    def on_fit_start(self) -> None:
+        """Refuse validation pairs the model cannot take before the first step, not when the
+        first validation reaches them (training keeps only pairs of ``data.max_len``)."""
+        datamodule = self.trainer.datamodule
+        if isinstance(datamodule, TranslationDataModule):
+            datamodule.check_fits("val", self.cfg.max_positions)
+
     def on_train_batch_start(self, batch, batch_idx: int) -> None:
         if self._rng_to_restore is not None:  # first step after a resume: continue the streams
             set_rng_states(self._rng_to_restore)

@@ -46,7 +46,8 @@ class Translator:
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         todo = [i for i, line in enumerate(lines) if line.strip()]
         limit = self.model.cfg.max_positions
-        encoded = encode_sources(self.src_tokenizer, [lines[i] for i in todo], limit)
+        texts, numbers = [lines[i] for i in todo], [i + 1 for i in todo]
+        encoded = encode_sources(self.src_tokenizer, texts, limit, numbers)
         ids = dict(zip(todo, encoded, strict=True))
         for batch in length_batches({i: len(ids[i]) for i in todo}, max_tokens):
             src = pad([ids[i] for i in batch], self.model.cfg.pad_id, self.device)

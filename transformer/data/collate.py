@@ -106,14 +106,18 @@ class Collator:
 # the model's positions.
 
 
-def encode_sources(tok: Tokenizer, texts: Sequence[str], limit: int) -> list[list[int]]:
-    """Texts -> ``x + eos`` ids, at most ``limit`` long; cut lines are counted in a warning."""
+def encode_sources(
+    tok: Tokenizer, texts: Sequence[str], limit: int, line_numbers: Sequence[int] | None = None
+) -> list[list[int]]:
+    """Texts -> ``x + eos`` ids, at most ``limit`` long; cut lines are counted in a warning that
+    names the first by its number in ``line_numbers`` (default: 1, 2, ...)."""
     encoded = tok.encode_batch(list(texts))
     cut = [i for i, ids in enumerate(encoded) if len(ids) + 1 > limit]
     if cut:
+        first = line_numbers[cut[0]] if line_numbers is not None else cut[0] + 1
         log.warning(
             "%d input line(s) have more than %d pieces with eos (the model's max_positions) and "
-            "are cut to fit (first: line %d)", len(cut), limit, cut[0] + 1,
+            "are cut to fit (first: line %d)", len(cut), limit, first,
         )  # fmt: skip
     return [ids[: limit - 1] + [EOS_ID] for ids in encoded]
 

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
@@ -18,6 +19,7 @@ from transformer.data.text_files import ParallelText
 from transformer.data.token_cache import TokenizedSplit, build_split, file_digest, fingerprint
 from transformer.data.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer, train_tokenizer
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
+from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -227,6 +229,20 @@ class TranslationDataModule(L.LightningDataModule):
     def split(self, name: str) -> TokenizedSplit:
         """The tokenized split for a stage alias (``train``/``val``/``test``) or a split name."""
         return self._splits[self.split_names.get(name, name)]
+
+    def check_fits(self, name: str, max_positions: int) -> None:
+        """Raise :class:`DataError` if a pair of a split (kept whole, unlike training's) has more
+        than ``max_positions`` pieces on a side with bos/eos: the model could not take it."""
+        data = self.split(name)
+        over = np.flatnonzero(np.maximum(data.src_lens, data.tgt_lens) + 1 > max_positions)
+        if over.size:
+            i = int(over[0])
+            raise DataError(
+                f"{self.source.tag}/{self.split_names.get(name, name)}: {over.size} sentence "
+                f"pair(s) longer than model.max_positions={max_positions} pieces with bos/eos "
+                f"(first: pair {int(data.ids[i]) + 1} in corpus order, {data.src_lens[i]} source "
+                f"/ {data.tgt_lens[i]} target pieces); raise model.max_positions or shorten them"
+            )
 
     def _sampler(self, data: TokenizedSplit, shuffle: bool) -> TokenBudgetBatchSampler:
         sizes = padded_sizes(data.src_lens, data.tgt_lens)

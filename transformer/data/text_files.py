@@ -6,6 +6,7 @@ nothing is skipped silently.
 
 from __future__ import annotations
 
+import codecs
 import gzip
 import json
 import os
@@ -41,20 +42,34 @@ def _open_bytes(path: Path):
 
 
 def read_lines(path: str | os.PathLike) -> list[str]:
-    """All lines of a UTF-8 text file (plain or ``.gz``) without their line ends.
-
-    Only ``\\n`` separates lines (``\\r\\n`` is accepted too), never the other Unicode separators
-    that ``str.splitlines`` would split on inside a sentence.
-    """
+    """All lines of a UTF-8 text file (plain or ``.gz``) without their line ends
+    (:func:`split_lines`)."""
     path = Path(path)
     with _open_bytes(path) as f:
-        data = f.read()
+        return split_lines(f.read(), str(path))
+
+
+def split_lines(data: bytes, origin: str) -> list[str]:
+    """UTF-8 bytes -> lines without their line ends; ``origin`` names the input in errors.
+
+    Only ``\\n`` separates lines (``\\r\\n`` is accepted too), never the other Unicode separators
+    that ``str.splitlines`` would split on inside a sentence. A UTF-8 byte-order mark at the start
+    is dropped (it is not text); UTF-16 and UTF-32 (a byte-order mark that says so) and bytes that
+    are not UTF-8 are refused, naming the line.
+    """
+    if data.startswith(codecs.BOM_UTF8):
+        data = data[len(codecs.BOM_UTF8) :]
+    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # (UTF-32's include them)
+        raise DataError(
+            f"{origin}, line 1: a UTF-16 or UTF-32 byte-order mark; re-encode the text as UTF-8 "
+            "(e.g. iconv -f utf-16 -t utf-8)"
+        )
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise DataError(
-            f"{path}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
+            f"{origin}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from None
     if text.endswith("\n"):
