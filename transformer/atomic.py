@@ -1,5 +1,5 @@
-"""Files that appear whole or not at all: write a temporary file beside the target, fsync it,
-then rename it over the target (``os.replace`` is atomic within a directory).
+"""Files (and directories) that appear whole or not at all: write a temporary file beside the
+target, fsync it, then rename it over the target (``os.replace`` is atomic within a directory).
 
 A crash, a kill or a full disk during the write leaves the previous file untouched (and at worst
 a ``.<name>.<pid>.tmp`` file beside it), never a truncated ``last.ckpt`` or ``metrics.json``.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -33,11 +34,36 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
             tmp.unlink()
         raise
     with contextlib.suppress(OSError):  # make the rename itself durable
-        fd = os.open(path.parent, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        _fsync(path.parent)
+
+
+def atomic_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> None:
+    """Call ``write(directory)`` on a temporary directory, fsync every file in it, then move it
+    to ``path`` in one step; a failure (a full disk) removes it. If another process (another
+    node) moved the same directory into place first, theirs is kept."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        write(tmp)
+        for f in [*(p for p in tmp.rglob("*") if p.is_file()), tmp]:
+            _fsync(f)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if not path.is_dir():
+            raise
+        return  # os.replace refused: ``path`` was put there meanwhile, whole
+    with contextlib.suppress(OSError):
+        _fsync(path.parent)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def atomic_save(obj: Any, path: str | os.PathLike) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 from types import SimpleNamespace
@@ -32,6 +33,30 @@ def build(**kwargs) -> dm_module.TranslationDataModule:
 
 def ids_of(loader) -> list[int]:
     return [i for b in loader for i in b.ids.tolist()]
+
+
+def test_a_full_disk_while_caching_leaves_nothing_to_read_back(corpus_dir, dm_kwargs, monkeypatch):
+    """The disk fills up while a split's token ids are written (after a truncated file): a
+    DataError names the cache and the fix, nothing is left under ``tok/`` (no temporary
+    directory, no half-written split), and the next run builds every split whole."""
+    real = datasets.Dataset.save_to_disk
+
+    def full_disk(self, path, *args, **kwargs):
+        real(self, path, *args, **kwargs)
+        for arrow in Path(path).glob("*.arrow"):
+            arrow.write_bytes(arrow.read_bytes()[:100])
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", full_disk)
+    with pytest.raises(DataError, match=r"token cache .*No space left on device.*data.cache_dir"):
+        build(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert list((Path(dm_kwargs["cache_dir"]) / "tok").iterdir()) == []
+    monkeypatch.setattr(datasets.Dataset, "save_to_disk", real)
+    dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    for split in ("train", "val", "test"):
+        assert sorted(ids_of(getattr(dm, f"{split}_dataloader")())) == list(
+            range(DATA_SPLITS[split])
+        )
 
 
 def test_local_corpus_end_to_end(corpus_dir, dm_kwargs):

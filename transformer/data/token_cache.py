@@ -7,7 +7,6 @@ import hashlib
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
 
 import datasets
@@ -16,6 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
+from transformer.atomic import atomic_directory
 from transformer.data.collate import Example
 from transformer.data.text_files import ParallelText
 from transformer.data.tokenizer import Tokenizer
@@ -66,7 +66,8 @@ def build_split(
     max_len: int | None,
     name: str,
 ) -> None:
-    """Tokenize ``text`` and save it at ``path`` (written under a temporary name, then renamed).
+    """Tokenize ``text`` and save it at ``path``, whole or not at all (a full disk leaves nothing
+    that a later run would read back).
 
     With ``max_len`` (training), pairs with an empty side and pairs with more than ``max_len``
     pieces on a side are dropped and counted in the log; without it every pair is kept, so that
@@ -102,15 +103,13 @@ def build_split(
             )
         if len(keep) < n:
             ds = ds.select(keep)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    shutil.rmtree(tmp, ignore_errors=True)
-    ds.save_to_disk(str(tmp))
     try:
-        os.replace(tmp, path)
-    except OSError:
-        if not path.exists():
-            raise
-        shutil.rmtree(tmp)  # another process (e.g. another node) saved the same split first
+        atomic_directory(path, lambda tmp: ds.save_to_disk(str(tmp)))
+    except OSError as err:
+        raise DataError(
+            f"could not write the token cache {path} ({err}); free space there or set "
+            "data.cache_dir to a disk with room"
+        ) from err
 
 
 class TokenizedSplit(Dataset):
