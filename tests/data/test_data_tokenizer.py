@@ -46,3 +46,14 @@ def test_too_large_vocabulary_says_which_option(tmp_path):
     with pytest.raises(DataError, match="data.vocab_size"):
         train_tokenizer(en + de, tmp_path / "t.model", 50_000)
     assert not (tmp_path / "t.model").exists()
+
+
+def test_spm_train_sentences_caps_what_sentencepiece_trains_on(corpus_dir, dm_kwargs):
+    """``data.spm_train_sentences`` is a cache setting: another cap trains another model (a
+    sample of 200 of the 600 sentences gives other pieces), under another name."""
+    from tests.data.test_data_datamodule import build
+
+    full = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    sample = build(source="local", root=str(corpus_dir), spm_train_sentences=200, **dm_kwargs)
+    assert full.src_tokenizer.model_path != sample.src_tokenizer.model_path
+    assert full.src_tokenizer.to_bytes() != sample.src_tokenizer.to_bytes()

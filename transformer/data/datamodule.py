@@ -55,6 +55,7 @@ class TranslationDataModule(L.LightningDataModule):
         vocab_size: int = 8000,
         spm_model_type: str = "unigram",
         joint_vocab: bool = True,
+        spm_train_sentences: int = 1_000_000,
         max_tokens: int | None = 4096,
         batch_size: int | None = 64,
         max_len: int = 128,
@@ -77,6 +78,11 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(f"spm_model_type must be one of {MODEL_TYPES}, got {spm_model_type!r}")
         if vocab_size <= 4:
             raise ValueError(f"data.vocab_size={vocab_size} leaves no room beyond pad/unk/bos/eos")
+        if spm_train_sentences <= 100:  # SentencePiece's own lower bound
+            raise ValueError(
+                f"data.spm_train_sentences must be over 100 (SentencePiece samples at least that "
+                f"many), got {spm_train_sentences}"
+            )
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if max_tokens is not None and max_tokens < max_len + 1:
@@ -111,7 +117,7 @@ class TranslationDataModule(L.LightningDataModule):
         )
         self.tokenizer_files = TokenizerFiles(
             self.cache_dir / "spm", self.source.tag, src_lang, tgt_lang, vocab_size,
-            spm_model_type, joint_vocab,
+            spm_model_type, joint_vocab, spm_train_sentences,
         )  # fmt: skip
         self._splits: dict[str, TokenizedSplit] = {}
         self._texts: dict[str, ParallelText] = {}
@@ -178,12 +184,14 @@ class TranslationDataModule(L.LightningDataModule):
             for s in self._split_list():
                 self._read(s)
             text = self._read(self.split_names["train"])
+            files = self.tokenizer_files
+            settings = files.vocab_size, files.model_type, files.train_sentences
             if self.joint_vocab:
-                train_tokenizer(text.src + text.tgt, src_path, self.vocab_size, self.spm_model_type)
+                train_tokenizer(text.src + text.tgt, src_path, *settings)
             else:
                 for path, side in ((src_path, text.src), (tgt_path, text.tgt)):
                     if not path.exists():
-                        train_tokenizer(side, path, self.vocab_size, self.spm_model_type)
+                        train_tokenizer(side, path, *settings)
         return self.tokenizer_files.load(src_path, tgt_path)
 
     def _build(self) -> None:

@@ -97,8 +97,11 @@ def train_tokenizer(
     model_path: str | os.PathLike,
     vocab_size: int,
     model_type: str = "unigram",
+    max_sentences: int = 1_000_000,
 ) -> Tokenizer:
-    """Train a SentencePiece model on ``texts`` and write it to ``model_path`` (a ``.model`` file).
+    """Train a SentencePiece model on ``texts`` (at most ``max_sentences`` of them, a random
+    sample beyond: SentencePiece's time and memory grow with them) and write it to
+    ``model_path`` (a ``.model`` file).
 
     The file appears atomically (trained under a temporary prefix, then renamed), so an interrupted
     run never leaves a half-written model that a later run would reuse.
@@ -119,7 +122,7 @@ def train_tokenizer(
             bos_id=BOS_ID,
             eos_id=EOS_ID,
             character_coverage=1.0,
-            input_sentence_size=2_000_000,
+            input_sentence_size=max_sentences,
             shuffle_input_sentence=True,
             num_threads=os.cpu_count() or 1,
             minloglevel=2,

@@ -23,6 +23,7 @@ class TokenizerFiles:
     vocab_size: int
     model_type: str
     joint: bool  # one model for both languages
+    train_sentences: int  # SentencePiece samples at most this many sentences to train on
 
     @property
     def _langs(self) -> str:
@@ -31,7 +32,7 @@ class TokenizerFiles:
     def trained_paths(self, train_identity: str) -> tuple[Path, Path]:
         """Source and target model files trained on the split of this identity (one file twice
         for a joint vocabulary)."""
-        settings = (train_identity, self.vocab_size, self.model_type)
+        settings = (train_identity, self.vocab_size, self.model_type, self.train_sentences)
         kind = f"{self.model_type}{self.vocab_size}"
         names = [self._langs] if self.joint else [self.src_lang, self.tgt_lang]
         src, *tgt = (
