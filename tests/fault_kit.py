@@ -1,6 +1,6 @@
 """Callbacks that slow training down, so a test can interrupt a ``train.py`` subprocess at a
-chosen point (``+callbacks.slow._target_=fault_kit.SlowSteps``, with ``tests/`` on PYTHONPATH),
-or record what it trained on (``fault_kit.BatchIdRecorder``)."""
+chosen point (``+callbacks.slow._target_=tests.fault_kit.SlowSteps``, with the repository on
+PYTHONPATH), or record what it trained on (``tests.fault_kit.BatchIdRecorder``)."""
 
 from __future__ import annotations
 

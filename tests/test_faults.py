@@ -80,11 +80,11 @@ def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp
 
 def start_train_py(corpus: Path, run_dir: Path, *overrides: str) -> subprocess.Popen:
     """train.py in a subprocess, each step slowed to 0.1 s, recording the ids of every batch."""
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run_dir}",
-        "+callbacks.slow._target_=fault_kit.SlowSteps", "+callbacks.slow.seconds=0.1",
-        "+callbacks.batch_ids._target_=fault_kit.BatchIdRecorder",
+        "+callbacks.slow._target_=tests.fault_kit.SlowSteps", "+callbacks.slow.seconds=0.1",
+        "+callbacks.batch_ids._target_=tests.fault_kit.BatchIdRecorder",
         f"+callbacks.batch_ids.out_dir={run_dir / 'ids'}", *overrides,
     ]  # fmt: skip
     return subprocess.Popen(cmd, cwd=REPO, env=env, stderr=subprocess.PIPE, text=True)
@@ -158,8 +158,8 @@ def test_sigterm_before_training_starts_still_writes_a_checkpoint(corpus, tmp_pa
     run, started = tmp_path / "run", tmp_path / "sanity-check-started"
     proc = start_train_py(
         corpus, run, "trainer.max_steps=200", "trainer.num_sanity_val_steps=1",
-        "+callbacks.pause._target_=fault_kit.PauseInSanityCheck", "+callbacks.pause.seconds=2",
-        f"+callbacks.pause.marker={started}",
+        "+callbacks.pause._target_=tests.fault_kit.PauseInSanityCheck",
+        "+callbacks.pause.seconds=2", f"+callbacks.pause.marker={started}",
     )  # fmt: skip
     deadline = time.monotonic() + 90
     while not started.exists() and time.monotonic() < deadline and proc.poll() is None:
@@ -334,13 +334,13 @@ def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpo
 def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
     """Two CPU processes, the loss NaN on rank 0 only: both skip (no hang in the all-reduce).
     With the GPU defaults: bf16-mixed, fused AdamW skipping in its kernel, clipping."""
-    env = dict(os.environ, PYTHONPATH=f"{REPO}{os.pathsep}{REPO / 'tests'}")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={tmp_path}",
         "trainer.devices=2", "trainer.strategy=ddp", "trainer.max_steps=4",
         "trainer.precision=bf16-mixed", "optim.optimizer.fused=true",
         "trainer.gradient_clip_val=1.0",
-        "+callbacks.poison._target_=fault_kit.PoisonLoss", "+callbacks.poison.rank=0",
+        "+callbacks.poison._target_=tests.fault_kit.PoisonLoss", "+callbacks.poison.rank=0",
         "+callbacks.poison.batches=[1]",
     ]  # fmt: skip
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=180)

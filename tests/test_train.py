@@ -309,7 +309,7 @@ def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
 
 
 STEPS_PER_EPOCH = 16  # the tiny corpus: 400 pairs in 16 batches of up to 512 tokens
-STOP_AT_STEP_40 = ["+callbacks.stop._target_=fault_kit.StopAtStep", "+callbacks.stop.step=40"]
+STOP_AT_STEP_40 = ["+callbacks.stop._target_=tests.fault_kit.StopAtStep", "+callbacks.stop.step=40"]
 
 
 @pytest.mark.parametrize(
@@ -495,7 +495,7 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
     """Each rank trains on its own batches; validation (beam search here) decodes each rank's
     shard and scores the gathered whole."""
     env = _script_env(tmp_path)
-    env["PYTHONPATH"] = f"{REPO}{os.pathsep}{REPO / 'tests'}"  # fault_kit.BatchIdRecorder
+    env["PYTHONPATH"] = str(REPO)  # tests.fault_kit.BatchIdRecorder
     ids_dir = tmp_path / "ids"
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus),
@@ -503,7 +503,7 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         "validation.bleu_sentences=null", "trainer.val_check_interval=4",
         "trainer.check_val_every_n_epoch=null",
         "validation.decoding.strategy=beam", "validation.decoding.beam_size=2",
-        "+callbacks.batch_ids._target_=fault_kit.BatchIdRecorder",
+        "+callbacks.batch_ids._target_=tests.fault_kit.BatchIdRecorder",
         f"+callbacks.batch_ids.out_dir={ids_dir}", f"hydra.run.dir={tmp_path / 'run'}",
     ]  # fmt: skip
     res = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=240)
