@@ -163,3 +163,13 @@ def test_browser_draws_the_chosen_view_and_merges_words_as_stated(run, tmp_path)
     assert state == "step 3|the red car|decoder_self|reference|pieces|0|all"
     (tgt_len,) = {len(r["targets"]["reference"]["pieces"]) for r in record["probes"][1:]}
     assert len(cells) == 4 * tgt_len * tgt_len  # every head of the layer
+
+
+def test_bench_page_grows_with_the_validations() -> None:
+    from argparse import Namespace
+
+    from bench.bench_explorer import page_bytes
+
+    shape = dict(layers=1, heads=2, probes=1)
+    one, two = (page_bytes(Namespace(**shape, validations=n), 6, 3.0) for n in (1, 2))
+    assert 0 < one < two
