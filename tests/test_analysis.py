@@ -11,7 +11,7 @@ from tests.tiny import tiny_model
 from transformer.analysis import plots
 from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
-from transformer.analysis.maps import SentenceMaps, capture, translate_probes
+from transformer.analysis.maps import SentenceMaps, capture, capture_probes, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
 from transformer.analysis.stats import head_stats
 from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
@@ -83,7 +83,8 @@ def test_figures_are_written_for_every_type_layer_and_probe(tokenizers, tmp_path
     probes = translate_probes(
         model, src_tok, tgt_tok, ["a dog runs in the park", "the red car"], ["ein hund", "das auto"]
     )
-    images = render_maps(model, probes.first(1), src_tok, tgt_tok, tmp_path, ATTENTION_TYPES)
+    captured = capture_probes(model, probes.first(1))
+    images = render_maps(captured, src_tok, tgt_tok, tmp_path, ATTENTION_TYPES)
     expected = {"attn/encoder_self/layer0"} | {
         f"attn/{kind}/layer{n}" for kind in ("decoder_self", "cross") for n in range(2)
     }

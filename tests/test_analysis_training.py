@@ -5,15 +5,19 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 from pathlib import Path
 
 import pytest
 from hydra import compose, initialize_config_dir
+from lightning.pytorch.loggers import WandbLogger
 
 import transformer.analysis.maps as maps_module
-import transformer.analysis.report as report_module
 import transformer.attention as attention_module
 from tests.tiny import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides
+from transformer.analysis import explorer
+from transformer.analysis.stats import STATS
+from transformer.analysis.trends import TREND_COLUMNS
 from transformer.evaluation import evaluate
 from transformer.training import train
 
@@ -32,24 +36,36 @@ def overrides_with_maps(corpus: Path) -> list[str]:
     return [o for o in tiny_overrides(corpus) if o != ATTENTION_MAPS_OFF]
 
 
+PAGES: list[list[int]] = []  # the csv run's explorer pages as written: the steps each holds
+
+
 @pytest.fixture(scope="module")
 def csv_run(corpus, tmp_path_factory) -> Path:
     """Validation at steps 3, 6 and 9, the analysis (of cross-attention) every second one:
-    steps 3 and 9."""
+    steps 3 and 9; the per-head scalars on."""
     out = tmp_path_factory.mktemp("run")
     overrides = [
         *overrides_with_maps(corpus), *ANALYSIS, "trainer.max_steps=9",
         "trainer.val_check_interval=3", "callbacks.attention_maps.every_n_validations=2",
-        "callbacks.attention_maps.types=[cross]",
+        "callbacks.attention_maps.types=[cross]", "callbacks.attention_maps.head_scalars=true",
     ]  # fmt: skip
-    train(compose_cfg(overrides, out))
+    write_page = explorer.write_page
+
+    def tracked_write_page(records, path):
+        PAGES.append([r["step"] for r in records])
+        return write_page(records, path)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(explorer, "write_page", tracked_write_page)
+        train(compose_cfg(overrides, out))
     return out
 
 
 def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     root = csv_run / "attention"
-    assert sorted(p.name for p in root.iterdir()) == ["step0000003", "step0000009"]
+    assert sorted(p.name for p in root.iterdir()) == ["explorer.html", "step0000003", "step0000009"]
     step = root / "step0000009"
+    assert (step / "explorer.json").is_file()
     pngs = sorted(str(p.relative_to(step)) for p in step.rglob("*.png"))
     maps = [f"cross/layer0/probe0_{target}.png" for target in ("hypothesis", "reference")]
     assert pngs == sorted([*maps, "stats_cross.png"])
@@ -63,7 +79,17 @@ def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     }  # fmt: skip
 
 
-def test_csv_logger_gets_the_head_statistics(csv_run) -> None:
+def test_explorer_is_rewritten_at_each_map_validation_one_validation_longer(csv_run) -> None:
+    assert PAGES == [[3], [3, 9]]
+    root = csv_run / "attention"
+    assert [r["step"] for r in explorer.load_records(root)] == [3, 9]
+    page = (root / "explorer.html").read_text()
+    assert '"step":9' in page and explorer.PLACEHOLDER not in page
+    (entry, *_) = explorer.load_records(root)[1]["maps"]
+    assert entry["type"] == "cross" and entry["shape"][:2] == [1, 2]
+
+
+def test_csv_logger_gets_the_head_statistics_as_scalars_when_asked(csv_run) -> None:
     (path,) = csv_run.glob("csv/version_*/metrics.csv")
     with open(path) as f:
         rows = list(csv.DictReader(f))
@@ -71,7 +97,9 @@ def test_csv_logger_gets_the_head_statistics(csv_run) -> None:
     assert [int(r["step"]) for r in logged] == [3, 9]
 
 
-def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path, monkeypatch) -> None:
+def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
+    corpus, tmp_path, monkeypatch
+) -> None:
     # The explicit attention path runs only inside the callback's capture, never in training
     # or validation steps.
     inside_capture, explicit_calls = [False], []
@@ -89,8 +117,15 @@ def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path, m
         return explicit(*args, **kwargs)
 
     monkeypatch.setattr(maps_module, "capture", tracked_capture)
-    monkeypatch.setattr(report_module, "capture", tracked_capture)
     monkeypatch.setattr(attention_module, "explicit_attention", tracked_explicit)
+    logged: list[str] = []
+    log_metrics = WandbLogger.log_metrics
+
+    def tracked_log_metrics(self, metrics, step=None):
+        logged.extend(metrics)
+        return log_metrics(self, metrics, step)
+
+    monkeypatch.setattr(WandbLogger, "log_metrics", tracked_log_metrics)
     overrides = [
         *overrides_with_maps(corpus), *ANALYSIS, "logger=wandb", "trainer.max_steps=3",
         "trainer.val_check_interval=3",
@@ -104,6 +139,15 @@ def test_wandb_offline_run_gets_images_and_the_samples_table(corpus, tmp_path, m
     assert images == {(kind, "layer0") for kind in kinds}
     assert list(run.glob("files/media/images/attn_stats/*.png"))
     assert list(run.glob("files/media/table/samples_*.table.json"))
+    (table,) = run.glob("files/media/table/attn_stats/table_*.table.json")
+    trends = json.loads(table.read_text())
+    assert trends["columns"] == TREND_COLUMNS
+    assert len(trends["data"]) == 3 * len(STATS) * 1 * 2  # types x statistics x layers x heads
+    assert {(row[1], row[4]) for row in trends["data"]} == {(k, s) for k in kinds for s in STATS}
+    assert {f"attn_trends/{k}/{s}" for k in kinds for s in STATS} <= set(logged)
+    assert not [key for key in logged if re.search(r"/l\d+h\d+$", key)]  # head_scalars is off
+    (html,) = run.glob("files/media/html/attn/explorer_*.html")
+    assert html.read_text() == (tmp_path / "attention" / "explorer.html").read_text()
     assert (tmp_path / "attention" / "step0000003" / "cross" / "layer0").is_dir()
     assert explicit_calls and all(explicit_calls)
 

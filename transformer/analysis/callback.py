@@ -1,5 +1,6 @@
 """``AttentionMapsCallback``: attention maps, head statistics and sample translations at
-validation, as PNG/JSON/Markdown under the run directory and through the loggers."""
+validation, as PNG/JSON/Markdown and the interactive explorer (HTML) under the run directory and
+through the loggers."""
 
 from __future__ import annotations
 
@@ -10,10 +11,12 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import wandb
 from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
-from transformer.analysis.maps import translate_probes
+from transformer.analysis import explorer
+from transformer.analysis.maps import capture_probes, translate_probes
 from transformer.analysis.report import (
     SAMPLE_COLUMNS,
     Images,
@@ -22,6 +25,7 @@ from transformer.analysis.report import (
     write_samples,
     write_stats,
 )
+from transformer.analysis.trends import TREND_COLUMNS, trend_charts, trend_rows
 from transformer.data.collate import encode_sources, encode_targets
 from transformer.lit_module import TranslationModule
 from transformer.model import ATTENTION_TYPES
@@ -37,13 +41,18 @@ class AttentionMapsCallback(Callback):
       probe<i>_<reference|hypothesis>.png``, logged as images ``attn/<type>/layer<l>``;
     * per-head statistics (see :mod:`transformer.analysis.stats`) over the first
       ``stats_sentences`` validation pairs: ``stats_<type>.png`` and ``stats.json``, logged as
-      scalars ``attn_stats/<type>/<stat>/l<layer>h<head>`` and images ``attn_stats/<type>``;
+      images ``attn_stats/<type>``, the table ``attn_stats/table`` of every validation so far
+      and line charts ``attn_trends/<type>/<stat>`` (see :mod:`transformer.analysis.trends`);
+      with ``head_scalars``, also as scalars ``attn_stats/<type>/<stat>/l<layer>h<head>``;
+    * the explorer (see :mod:`transformer.analysis.explorer`): this validation's record
+      ``step<N>/explorer.json``, and ``<out_dir>/explorer.html`` rebuilt from every record so
+      far, logged as the HTML ``attn/explorer``;
     * ``num_samples`` sample translations with sentence BLEU: ``samples.md``/``samples.json``,
       logged as the table ``samples``.
 
     Probes are the first ``num_probes`` validation pairs, or ``sentences`` (sources) with
-    optional ``references``. Images and tables go to wandb only (``WandbLogger``); every logger
-    gets the scalars; the files are written whatever the loggers.
+    optional ``references``. Images, tables, charts and HTML go to wandb only (``WandbLogger``);
+    every logger gets the scalars; the files are written whatever the loggers.
     """
 
     def __init__(
@@ -57,6 +66,7 @@ class AttentionMapsCallback(Callback):
         stats_sentences: int = 64,
         num_samples: int = 8,
         max_pieces: int = 40,
+        head_scalars: bool = False,
     ) -> None:
         unknown = [t for t in types if t not in ATTENTION_TYPES]
         if unknown:
@@ -74,7 +84,7 @@ class AttentionMapsCallback(Callback):
         self.references = None if references is None else list(references)
         self.types = list(types)
         self.stats_sentences, self.num_samples = stats_sentences, num_samples
-        self.max_pieces = max_pieces
+        self.max_pieces, self.head_scalars = max_pieces, head_scalars
         self._validations = 0
         self._val_texts: tuple[list[str], list[str]] | None = None
 
@@ -114,7 +124,7 @@ class AttentionMapsCallback(Callback):
         else:
             count = max(self.num_probes, self.num_samples)
             sources, references = val_src[:count], val_ref[:count]
-        probes = None
+        probes, first, captured = None, None, {}
         if sources:  # decoded greedily, with validation's length rules
             probes = translate_probes(
                 model, src_tok, tgt_tok, sources, references, pl_module.decoding
@@ -122,37 +132,56 @@ class AttentionMapsCallback(Callback):
         images: Images = {}
         if probes is not None and self.num_probes > 0 and self.types:
             first = probes.first(self.num_probes)
-            images |= render_maps(model, first, src_tok, tgt_tok, out, self.types, self.max_pieces)
-        scalars: dict[str, float] = {}
+            captured = capture_probes(model, first)
+            images |= render_maps(captured, src_tok, tgt_tok, out, self.types, self.max_pieces)
+        stats: dict[str, dict[str, torch.Tensor]] = {}
         if self.stats_sentences > 0 and self.types:
             limit = model.cfg.max_positions
             src_ids = encode_sources(src_tok, val_src[: self.stats_sentences], limit)
             ref_ids = encode_targets(tgt_tok, val_ref[: self.stats_sentences], limit)
             stats, stat_images = write_stats(model, src_ids, ref_ids, out, self.types)
             images |= stat_images
-            scalars = stat_scalars(stats)
+        records, page = [], None
+        if captured or stats:
+            record = explorer.validation_record(
+                step, first, captured, stats, src_tok, tgt_tok, self.types, self.max_pieces
+            )
+            explorer.save_record(record, out)
+            records = explorer.load_records(self.out_dir)
+            page = explorer.write_page(records, self.out_dir / "explorer.html")
         rows = []
         if probes is not None and self.num_samples > 0:
             rows = write_samples(probes, out, self.num_samples)
-        self._log(trainer, images, scalars, rows, step)
+        self._log(trainer, images, stats, records, rows, page, step)
         log.info("attention analysis of step %d written to %s", step, out)
 
-    @staticmethod
     def _log(
+        self,
         trainer: L.Trainer,
         images: Images,
-        scalars: dict[str, float],
+        stats: dict[str, dict[str, torch.Tensor]],
+        records: list[dict],
         rows: list[list[str | float]],
+        page: Path | None,
         step: int,
     ) -> None:
+        scalars = stat_scalars(stats) if self.head_scalars else {}
+        trends = trend_rows(records) if stats else []
         for logger in trainer.loggers:
             if scalars:
                 logger.log_metrics(scalars, step=step)
             if not isinstance(logger, WandbLogger):
-                continue  # other loggers have the PNGs and tables in the run directory
+                continue  # other loggers have the PNGs, tables and page in the run directory
             for key, shots in images.items():
                 paths, captions = zip(*shots, strict=True)
                 logger.log_image(key=key, images=[str(p) for p in paths], step=step,
                                  caption=list(captions))  # fmt: skip
             if rows:
                 logger.log_table(key="samples", columns=SAMPLE_COLUMNS, data=rows, step=step)
+            if trends:
+                logger.log_table(key="attn_stats/table", columns=TREND_COLUMNS, data=trends,
+                                 step=step)  # fmt: skip
+                logger.log_metrics(trend_charts(trends), step=step)
+            if page is not None:  # inject=False: no stylesheet from the network
+                html = wandb.Html(str(page), inject=False)
+                logger.log_metrics({"attn/explorer": html}, step=step)

@@ -97,6 +97,17 @@ class Probes:
         )  # fmt: skip
 
 
+def capture_probes(model: Transformer, probes: Probes) -> dict[str, list[SentenceMaps]]:
+    """Each probe's maps teacher-forced on its reference (when known) and on the model's
+    translation: {"reference": [...], "hypothesis": [...]}, one per probe."""
+    targets = {"reference": probes.ref_ids, "hypothesis": probes.hyp_ids}
+    return {
+        name: capture(model, probes.src_ids, ids)
+        for name, ids in targets.items()
+        if ids is not None
+    }
+
+
 @torch.no_grad()
 def translate_probes(
     model: Transformer,

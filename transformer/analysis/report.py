@@ -12,7 +12,7 @@ import sacrebleu
 from torch import Tensor
 
 from transformer.analysis import plots
-from transformer.analysis.maps import Probes, capture, capture_in_batches
+from transformer.analysis.maps import Probes, SentenceMaps, capture_in_batches
 from transformer.analysis.stats import STATS, head_stats
 from transformer.data.tokenizer import Tokenizer
 from transformer.model import Transformer
@@ -21,23 +21,20 @@ Images = dict[str, list[tuple[Path, str]]]  # logger key -> (PNG path, caption) 
 
 
 def render_maps(
-    model: Transformer,
-    probes: Probes,
+    captured: dict[str, list[SentenceMaps]],
     src_tok: Tokenizer,
     tgt_tok: Tokenizer,
     out_dir: Path,
     types: Sequence[str],
     max_pieces: int = 40,
 ) -> Images:
-    """One PNG per (attention type, layer, probe, target): ``<out_dir>/<type>/layer<l>/
+    """One PNG per (attention type, layer, probe, target) of the probes' maps (from
+    :func:`~transformer.analysis.maps.capture_probes`): ``<out_dir>/<type>/layer<l>/
     probe<i>_<reference|hypothesis>.png``, the heads of that layer in a grid. Longer sentences
     are cut to their first ``max_pieces`` pieces on each axis."""
-    variants = [("hypothesis", probes.hyp_ids)]
-    if probes.ref_ids is not None:
-        variants.insert(0, ("reference", probes.ref_ids))
     images: Images = {}
-    for variant, targets in variants:
-        for i, sentence in enumerate(capture(model, probes.src_ids, targets)):
+    for variant, sentences in captured.items():
+        for i, sentence in enumerate(sentences):
             for kind in types:
                 q_ids, k_ids = (ids[:max_pieces] for ids in sentence.axes(kind))
                 q_side = src_tok if kind == "encoder_self" else tgt_tok

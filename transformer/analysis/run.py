@@ -9,8 +9,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from transformer.analysis import explorer
 from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
-from transformer.analysis.maps import translate_probes
+from transformer.analysis.maps import capture_probes, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
 from transformer.data.collate import encode_sources, encode_targets
 from transformer.decoding import DecodeOptions
@@ -62,12 +63,17 @@ def run_analysis(
     model, src_tok, tgt_tok = translator.model, translator.src_tokenizer, translator.tgt_tokenizer
     n = _number(options, "probes", int)
     probes = translate_probes(model, src_tok, tgt_tok, sources[:n], references[:n])
-    render_maps(model, probes, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES)
+    captured = capture_probes(model, probes)
+    render_maps(captured, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES)
     limit = model.cfg.max_positions
-    write_stats(
+    stats, _ = write_stats(
         model, encode_sources(src_tok, sources, limit), encode_targets(tgt_tok, references, limit),
         out_dir / "attention", ATTENTION_TYPES,
     )  # fmt: skip
     write_samples(probes, out_dir / "attention", n)
+    record = explorer.validation_record(
+        None, probes, captured, stats, src_tok, tgt_tok, ATTENTION_TYPES
+    )  # one record, of no training step
+    explorer.write_page([record], out_dir / "attention" / "explorer.html")
     log.info("attention maps written to %s", out_dir / "attention")
     return {"analysis": "maps", "num_sentences": len(sources), "out_dir": str(out_dir)}

@@ -1,0 +1,122 @@
+"""The attention explorer: one self-contained HTML page (``explorer.html``) holding the probe
+maps and head statistics of every map validation, drawn in the browser by the vanilla JS and SVG
+of the template ``explorer.html`` beside this module (nothing loaded from the network).
+
+A validation's record holds, per probe and target (reference, hypothesis), the pieces of each
+axis with the word each piece belongs to, and every layer's and head's weights of each attention
+type as bytes: rounded to 1/``LEVELS``, zlib-compressed and base64-encoded, one blob per
+validation (the page inflates it with the browser's ``DecompressionStream``). The callback saves
+each record as ``step<N>/explorer.json`` and rebuilds the page from all of them. File sizes:
+BENCHMARKS.md, "Attention explorer".
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import zlib
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from transformer.analysis.maps import Probes, SentenceMaps
+from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+
+LEVELS = 100  # weights are stored rounded to 0.01, one byte each
+RECORD = "explorer.json"
+TEMPLATE = Path(__file__).with_name("explorer.html")
+PLACEHOLDER = "/*EXPLORER_DATA*/null"
+WORD_START = "\u2581"  # SentencePiece's space
+
+
+def word_index(ids: Sequence[int], pieces: Sequence[str]) -> list[int]:
+    """The word (0, 1, ...) of each piece: a word starts at a piece beginning with "▁", and
+    bos/eos are words of their own."""
+    index: list[int] = []
+    for i, (token, piece) in enumerate(zip(ids, pieces, strict=True)):
+        special = token in (BOS_ID, EOS_ID)
+        starts = i == 0 or special or piece.startswith(WORD_START) or ids[i - 1] in (BOS_ID, EOS_ID)
+        index.append(index[-1] + starts if index else 0)
+    return index
+
+
+def _axis(ids: list[int], tokenizer: Tokenizer) -> dict:
+    pieces = tokenizer.pieces(ids)
+    return {"pieces": pieces, "words": word_index(ids, pieces)}
+
+
+def quantize(weights: Tensor) -> bytes:
+    """Weights in [0, 1] -> one byte each, ``round(w * LEVELS)``, in row-major order."""
+    return (weights * LEVELS).round().to("cpu", torch.uint8).contiguous().numpy().tobytes()
+
+
+def validation_record(
+    step: int | None,
+    probes: Probes | None,
+    captured: dict[str, list[SentenceMaps]],
+    stats: dict[str, dict[str, Tensor]],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    types: Sequence[str],
+    max_pieces: int = 40,
+) -> dict:
+    """One validation for the page (``step`` None: a checkpoint outside training): the probes'
+    maps (``captured``: target -> one :class:`SentenceMaps` per probe; axes cut to
+    ``max_pieces``) and the head statistics ({type: {stat: (L, H)}})."""
+    chunks: list[bytes] = []
+    maps: list[dict] = []
+    offset = 0
+    entries = []
+    texts = {}
+    if probes is not None:
+        texts = {"reference": probes.references, "hypothesis": probes.hypotheses}
+    for i, source in enumerate([] if probes is None else probes.sources):
+        targets, src_ids = {}, []
+        for target, sentences in captured.items():
+            sentence = sentences[i]
+            src_ids, tgt_ids = sentence.src[:max_pieces], sentence.tgt_in[:max_pieces]
+            targets[target] = {"text": texts[target][i], **_axis(tgt_ids, tgt_tok)}
+            for kind in types:
+                q, k = (min(len(ids), max_pieces) for ids in sentence.axes(kind))
+                data = quantize(sentence.weights[kind][:, :, :q, :k])
+                shape = [*sentence.weights[kind].shape[:2], q, k]
+                maps.append({"probe": i, "target": target, "type": kind, "shape": shape,
+                             "offset": offset})  # fmt: skip
+                chunks.append(data)
+                offset += len(data)
+        entries.append({"source": source, "src": _axis(src_ids, src_tok), "targets": targets})
+    rounded = {
+        kind: {name: [[round(float(v), 4) for v in row] for row in value.tolist()]
+               for name, value in values.items()}
+        for kind, values in stats.items()
+    }  # fmt: skip
+    blob = base64.b64encode(zlib.compress(b"".join(chunks), 9)).decode("ascii")
+    return {"step": step, "levels": LEVELS, "types": list(types), "probes": entries,
+            "maps": maps, "weights": blob, "stats": rounded}  # fmt: skip
+
+
+def save_record(record: dict, step_dir: Path) -> Path:
+    step_dir.mkdir(parents=True, exist_ok=True)
+    path = step_dir / RECORD
+    path.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+    return path
+
+
+def load_records(out_dir: Path) -> list[dict]:
+    """The records saved under ``out_dir/step*/``, by step."""
+    records = [json.loads(p.read_text(encoding="utf-8")) for p in out_dir.glob(f"step*/{RECORD}")]
+    return sorted(records, key=lambda r: r["step"])
+
+
+def render_page(records: list[dict]) -> str:
+    """The template with ``records`` embedded (``</`` escaped: the data sits in a script)."""
+    data = json.dumps({"records": records}, separators=(",", ":")).replace("</", "<\\/")
+    return TEMPLATE.read_text(encoding="utf-8").replace(PLACEHOLDER, data)
+
+
+def write_page(records: list[dict], path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(render_page(records), encoding="utf-8")
+    return path
