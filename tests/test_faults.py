@@ -188,9 +188,9 @@ def test_same_seed_gives_identical_losses(corpus, tmp_path):
 # -- NaN and inf losses -------------------------------------------------------------------------
 
 
-def poison_loss(monkeypatch, bad_batches: set[int]) -> None:
-    """The loss of the given training batches (counted from 0, across runs of this test) is NaN
-    (odd ones) or inf (even ones)."""
+def poison(monkeypatch, bad_batches: set[int], make_bad) -> None:
+    """``make_bad(loss, n)`` replaces the loss of the given training batches (counted from 0,
+    across runs of this test)."""
     real = lit_module.label_smoothed_loss
     seen = {"n": 0}
 
@@ -199,12 +199,32 @@ def poison_loss(monkeypatch, bad_batches: set[int]) -> None:
         if not torch.is_grad_enabled():  # validation
             return out
         n, seen["n"] = seen["n"], seen["n"] + 1
-        if n in bad_batches:
-            bad = float("nan") if n % 2 else float("inf")
-            return out[0] * bad, out[1], out[2]
-        return out
+        return (make_bad(out[0], n), *out[1:]) if n in bad_batches else out
 
     monkeypatch.setattr(lit_module, "label_smoothed_loss", loss)
+
+
+def poison_loss(monkeypatch, bad_batches: set[int]) -> None:
+    """The loss of the given batches is NaN (odd ones) or inf (even ones)."""
+    poison(monkeypatch, bad_batches, lambda loss, n: loss * float("nan" if n % 2 else "inf"))
+
+
+class NonFiniteGradient(torch.autograd.Function):
+    """The identity forward; backward gives NaN (odd ``n``) or inf gradients."""
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
+        ctx.bad = float("nan") if n % 2 else float("inf")
+        return x.clone()
+
+    @staticmethod
+    def backward(ctx, grad: torch.Tensor):
+        return grad * ctx.bad, None
+
+
+def poison_gradients(monkeypatch, bad_batches: set[int]) -> None:
+    """The given batches keep a finite loss, but their gradients are NaN or inf."""
+    poison(monkeypatch, bad_batches, NonFiniteGradient.apply)
 
 
 def weights(path: Path) -> dict[str, torch.Tensor]:
@@ -228,35 +248,6 @@ def test_nan_and_inf_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch
     assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
     adam_steps = {float(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()}
     assert adam_steps == {6.0}  # 8 steps, 2 of them made no update
-
-
-class NonFiniteGradient(torch.autograd.Function):
-    """The identity forward; backward gives NaN (odd ``n``) or inf gradients."""
-
-    @staticmethod
-    def forward(ctx, x: torch.Tensor, n: int) -> torch.Tensor:
-        ctx.bad = float("nan") if n % 2 else float("inf")
-        return x.clone()
-
-    @staticmethod
-    def backward(ctx, grad: torch.Tensor):
-        return grad * ctx.bad, None
-
-
-def poison_gradients(monkeypatch, bad_batches: set[int]) -> None:
-    """The given training batches (counted from 0) keep a finite loss, but their gradients are
-    NaN (odd ones) or inf (even ones)."""
-    real = lit_module.label_smoothed_loss
-    seen = {"n": 0}
-
-    def loss(*args, **kwargs):
-        out = real(*args, **kwargs)
-        if not torch.is_grad_enabled():  # validation
-            return out
-        n, seen["n"] = seen["n"], seen["n"] + 1
-        return (NonFiniteGradient.apply(out[0], n), *out[1:]) if n in bad_batches else out
-
-    monkeypatch.setattr(lit_module, "label_smoothed_loss", loss)
 
 
 @pytest.mark.parametrize("clip", ["1.0", "null"], ids=["clip", "no-clip"])

@@ -8,7 +8,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
-import numpy as np
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
@@ -17,9 +16,8 @@ from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.sources import DEFAULT_SPLITS, make_source
 from transformer.data.text_files import ParallelText
 from transformer.data.token_cache import TokenizedSplit, build_split, file_digest, fingerprint
-from transformer.data.tokenizer import MODEL_TYPES, PAD_ID, Tokenizer, train_tokenizer
+from transformer.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
-from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 
@@ -74,15 +72,6 @@ class TranslationDataModule(L.LightningDataModule):
         super().__init__()
         if source not in DEFAULT_SPLITS:
             raise ValueError(f"source must be one of {list(DEFAULT_SPLITS)}, got {source!r}")
-        if spm_model_type not in MODEL_TYPES:
-            raise ValueError(f"spm_model_type must be one of {MODEL_TYPES}, got {spm_model_type!r}")
-        if vocab_size <= 4:
-            raise ValueError(f"data.vocab_size={vocab_size} leaves no room beyond pad/unk/bos/eos")
-        if spm_train_sentences <= 100:  # SentencePiece's own lower bound
-            raise ValueError(
-                f"data.spm_train_sentences must be over 100 (SentencePiece samples at least that "
-                f"many), got {spm_train_sentences}"
-            )
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if max_tokens is not None and max_tokens < max_len + 1:
@@ -97,9 +86,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
         self.source_name, self.root = source, root
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
-        self.vocab_size, self.spm_model_type, self.joint_vocab = (
-            vocab_size, spm_model_type, joint_vocab,
-        )  # fmt: skip
+        self.vocab_size, self.joint_vocab = vocab_size, joint_vocab
         self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
         self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
         self.cache_dir = Path(cache_dir)
@@ -109,9 +96,7 @@ class TranslationDataModule(L.LightningDataModule):
             "val": val_split or defaults[1],
             "test": test_split or defaults[2],
         }
-        self.hf_name, self.hf_config, self.hf_path = hf_name, hf_config, hf_path
-        self.download = download
-        # Built now (reading nothing), so that its checks of the options run before any data work.
+        # Built now (reading nothing), so that their checks of the options run before data work.
         self.source = make_source(
             source, root, src_lang, tgt_lang, download, hf_name, hf_config, hf_path
         )
@@ -239,18 +224,10 @@ class TranslationDataModule(L.LightningDataModule):
         return self._splits[self.split_names.get(name, name)]
 
     def check_fits(self, name: str, max_positions: int) -> None:
-        """Raise :class:`DataError` if a pair of a split (kept whole, unlike training's) has more
-        than ``max_positions`` pieces on a side with bos/eos: the model could not take it."""
-        data = self.split(name)
-        over = np.flatnonzero(np.maximum(data.src_lens, data.tgt_lens) + 1 > max_positions)
-        if over.size:
-            i = int(over[0])
-            raise DataError(
-                f"{self.source.tag}/{self.split_names.get(name, name)}: {over.size} sentence "
-                f"pair(s) longer than model.max_positions={max_positions} pieces with bos/eos "
-                f"(first: pair {int(data.ids[i]) + 1} in corpus order, {data.src_lens[i]} source "
-                f"/ {data.tgt_lens[i]} target pieces); raise model.max_positions or shorten them"
-            )
+        """Refuse a split (kept whole, unlike training's) that has a pair the model cannot take:
+        :meth:`TokenizedSplit.check_fits`."""
+        split = self.split_names.get(name, name)
+        self.split(name).check_fits(f"{self.source.tag}/{split}", max_positions)
 
     def _sampler(self, data: TokenizedSplit, shuffle: bool) -> TokenBudgetBatchSampler:
         sizes = padded_sizes(data.src_lens, data.tgt_lens)

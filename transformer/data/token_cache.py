@@ -134,6 +134,19 @@ class TokenizedSplit(Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
+    def check_fits(self, name: str, max_positions: int) -> None:
+        """Raise :class:`DataError` if a pair has more than ``max_positions`` pieces on a side
+        with bos/eos (``name``: the split, for the message)."""
+        over = np.flatnonzero(np.maximum(self.src_lens, self.tgt_lens) + 1 > max_positions)
+        if over.size:
+            i = int(over[0])
+            raise DataError(
+                f"{name}: {over.size} sentence pair(s) longer than model.max_positions="
+                f"{max_positions} pieces with bos/eos (first: pair {int(self.ids[i]) + 1} in "
+                f"corpus order, {self.src_lens[i]} source / {self.tgt_lens[i]} target pieces); "
+                "raise model.max_positions or shorten them"
+            )
+
     def __getitem__(self, i: int) -> Example:
         s0, s1 = self._src_off[i], self._src_off[i + 1]
         t0, t1 = self._tgt_off[i], self._tgt_off[i + 1]

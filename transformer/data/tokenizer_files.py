@@ -10,7 +10,7 @@ from pathlib import Path
 
 from transformer.atomic import atomic_write
 from transformer.data.token_cache import content_digest, fingerprint
-from transformer.data.tokenizer import Tokenizer
+from transformer.data.tokenizer import MODEL_TYPES, Tokenizer
 from transformer.errors import DataError
 
 
@@ -24,6 +24,21 @@ class TokenizerFiles:
     model_type: str
     joint: bool  # one model for both languages
     train_sentences: int  # SentencePiece samples at most this many sentences to train on
+
+    def __post_init__(self) -> None:
+        if self.model_type not in MODEL_TYPES:
+            raise ValueError(
+                f"spm_model_type must be one of {MODEL_TYPES}, got {self.model_type!r}"
+            )
+        if self.vocab_size <= 4:
+            raise ValueError(
+                f"data.vocab_size={self.vocab_size} leaves no room beyond pad/unk/bos/eos"
+            )
+        if self.train_sentences <= 100:  # SentencePiece's own lower bound
+            raise ValueError(
+                f"data.spm_train_sentences must be over 100 (SentencePiece samples at least that "
+                f"many), got {self.train_sentences}"
+            )
 
     @property
     def _langs(self) -> str:
