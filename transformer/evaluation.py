@@ -20,8 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
-    average_checkpoints,
-    load_checkpoint,
+    load_or_average,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
@@ -88,10 +87,7 @@ def _no_match_hint(pattern: str) -> str:
 
 def _checkpoint(ckpt_path: Any) -> tuple[dict[str, Any], list[str]]:
     paths = checkpoint_paths(ckpt_path)
-    if len(paths) > 1:
-        log.info("averaging %d checkpoints: %s", len(paths), ", ".join(paths))
-        return average_checkpoints(paths), paths
-    return load_checkpoint(paths[0]), paths
+    return load_or_average(paths), paths
 
 
 def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> TranslationDataModule:
