@@ -1,6 +1,6 @@
 """Export to CTranslate2: its model computes ours (log-probabilities of every supported
 configuration, greedy translations token for token, beam search on nearly every sentence), bad
-input is refused by name."""
+input is refused by name, and evaluate.py scores an exported directory like a checkpoint."""
 
 from __future__ import annotations
 
@@ -15,12 +15,14 @@ import pytest
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
+from hydra import compose, initialize_config_dir
 
 from transformer import Transformer, TransformerConfig
 from transformer.checkpoints import average_checkpoints
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer.decoding import DecodeOptions
-from transformer.errors import ConfigError, UserError
+from transformer.errors import CheckpointError, ConfigError, UserError
+from transformer.evaluation import evaluate
 from transformer.export import ct2 as export
 from transformer.export import ct2_translate
 from transformer.export.__main__ import main as export_main
@@ -31,6 +33,7 @@ ctranslate2 = pytest.importorskip(
     "ctranslate2", reason='CTranslate2 is optional: pip install -e ".[export]"'
 )
 
+CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EN = "a the man woman dog cat child red blue big small runs sits eats on in near park street ball"
 DE = "ein der mann frau hund katze kind rot blau groß klein läuft sitzt isst auf in bei park straße ball"  # noqa: E501
 MAP = dict(zip(EN.split(), DE.split(), strict=True))
@@ -362,3 +365,39 @@ def test_exported_readme_translates_as_our_greedy_search(trained, exported) -> N
     lines = (trained[1] / "test.en").read_text().splitlines()[:40]
     ours, _ = ours_and_theirs(trained, exported, DecodeOptions(strategy="greedy"), lines)
     assert scope["translate"](lines, beam_size=1) == [t[0].text for t in ours]
+
+
+# -- evaluate.py engine=ctranslate2 ------------------------------------------------------
+
+
+def evaluate_with(overrides: list[str], out_dir: Path) -> dict:
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
+    return evaluate(cfg)
+
+
+def test_evaluate_scores_an_exported_directory_as_its_checkpoint(trained, exported, tmp_path):
+    ours = evaluate_with([f"ckpt_path={trained[0][-1]}", "decode=greedy"], tmp_path / "torch")
+    theirs = evaluate_with(
+        [f"ckpt_path={exported}", "engine=ctranslate2", "decode=greedy"], tmp_path / "ct2"
+    )
+    hyps = [(tmp_path / d / "hypotheses.txt").read_text() for d in ("torch", "ct2")]
+    assert hyps[0] == hyps[1] and len(hyps[0].splitlines()) == 100
+    assert theirs["bleu"] == ours["bleu"] > 20 and theirs["chrf"] == ours["chrf"]
+    assert (theirs["engine"], ours["engine"]) == ("ctranslate2", "torch")
+    assert theirs["dtype"] == "float32" and theirs["translate_seconds"] > 0
+    assert theirs["checkpoints"] == [str(exported)]
+
+
+def test_evaluate_engine_ctranslate2_refuses_what_it_cannot_do(trained, exported, tmp_path):
+    ct2 = [f"ckpt_path={exported}", "engine=ctranslate2"]
+    with pytest.raises(ConfigError, match="analysis=heads reads our model's attention"):
+        evaluate_with([*ct2, "analysis=heads"], tmp_path)
+    with pytest.raises(ConfigError, match="dtype=bfloat16 is for engine=torch"):
+        evaluate_with([*ct2, "dtype=bfloat16"], tmp_path)
+    with pytest.raises(ConfigError, match="needs ckpt_path=DIR"):
+        evaluate_with([f"ckpt_path={trained[0][-1]}", "engine=ctranslate2"], tmp_path)
+    with pytest.raises(CheckpointError, match="holds no transformer_nmt.json"):
+        evaluate_with([f"ckpt_path={tmp_path}", "engine=ctranslate2"], tmp_path)
+    with pytest.raises(ConfigError, match="engine=onnx: choose torch or ctranslate2"):
+        evaluate_with([f"ckpt_path={trained[0][-1]}", "engine=onnx"], tmp_path)
