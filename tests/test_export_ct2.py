@@ -286,6 +286,17 @@ def test_greedy_translations_equal_ours(trained, exported, options) -> None:
     assert len({t[0].text for t in ours}) > 90  # real, different translations
 
 
+def test_one_call_for_all_limits_lets_sentences_exceed_their_own(trained, exported) -> None:
+    options, lines = (
+        DecodeOptions(strategy="greedy", max_len_a=0.5, max_len_b=1),
+        source_lines(trained),
+    )
+    ours, _ = ours_and_theirs(trained, exported, options, lines)
+    one_call = CT2Translator(exported, threads=1, exact_limits=False).translate(lines, options)
+    longer = [len(t[0].text) > len(o[0].text) for o, t in zip(ours, one_call, strict=True)]
+    assert sum(longer) > 10
+
+
 def test_beam_translations_agree_on_nearly_all_sentences(trained, exported) -> None:
     """Beam 5: the same translations on >= 97% of the sentences. CTranslate2 removes the ids it
     bans (eos before min_len, pad, bos) before its softmax, we after ours: its scores are ours

@@ -147,8 +147,10 @@ def _ct2_translator(
             f"engine=ctranslate2 needs ckpt_path=DIR, a directory written by `python -m "
             f"transformer.export ct2`; {model_dir} is not a directory"
         )
-    options = cfg.ctranslate2
-    translator = CT2Translator(model_dir, device.type, options.compute_type, options.threads)
+    ct2 = cfg.ctranslate2
+    translator = CT2Translator(
+        model_dir, device.type, ct2.compute_type, ct2.threads, ct2.exact_limits
+    )
     return translator, {"datamodule_hyper_parameters": translator.info["data"]}, [model_dir]
 
 

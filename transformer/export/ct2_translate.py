@@ -4,10 +4,11 @@ length rules, banned ids and detokenization, so that ``evaluate.py engine=ctrans
 engines with one metrics code.
 
 CTranslate2 takes one length limit per call, ours is per sentence (``max_len_a * source length +
-max_len_b``): sentences are grouped by their limit, each group one call. Greedy decoding matches
-ours token for token; beam search can differ where a hypothesis reaches the limit (we force eos and
-count it, CTranslate2 stops) and, within rounding, where banned ids shift scores (CTranslate2 drops
-them before the softmax, we after).
+max_len_b``): sentences are grouped by their limit, each group one call (``exact_limits``; without
+it, one call with the largest limit: larger batches, and a sentence may exceed its own limit).
+Greedy decoding then matches ours token for token; beam search can differ where a hypothesis
+reaches the limit (we force eos and count it, CTranslate2 stops) and where banned ids shift scores
+(CTranslate2 drops them before its softmax, we after ours).
 """
 
 from __future__ import annotations
@@ -63,6 +64,7 @@ class CT2Translator:
         device: str = "cpu",
         compute_type: str = "default",
         threads: int = 0,
+        exact_limits: bool = True,
     ) -> None:
         ctranslate2 = import_ctranslate2()
         model_dir = Path(model_dir)
@@ -76,6 +78,7 @@ class CT2Translator:
             str(model_dir), device=device, compute_type=compute_type, intra_threads=threads
         )
         self.compute_type = self.translator.compute_type
+        self.exact_limits = exact_limits
 
     def translate(
         self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096
@@ -90,7 +93,7 @@ class CT2Translator:
         ).tolist()  # fmt: skip
         groups: dict[int, list[int]] = {}
         for k, limit in enumerate(limits):
-            groups.setdefault(limit, []).append(k)
+            groups.setdefault(limit if self.exact_limits else max(limits), []).append(k)
         kwargs = search_kwargs(options, *self.tgt_tokenizer.pieces([PAD_ID, BOS_ID]))
         for limit, rows in groups.items():
             sources = [self.src_tokenizer.pieces(encoded[k][:-1]) for k in rows]  # eos: the model
