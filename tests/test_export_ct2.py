@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
 from transformer import Transformer, TransformerConfig
-from transformer.checkpoints import average_checkpoints
+from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
+from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError, UserError
@@ -219,7 +220,7 @@ def trained(tmp_path_factory) -> tuple[list[Path], Path]:
             "num_workers": 0,
             "val_split": "val",
             "test_split": "test",
-        },  # fmt: skip
+        },
         "tokenizers": {side: {"name": "joint.model", "model": proto} for side in ("src", "tgt")},
     }
     paths = []
@@ -256,9 +257,6 @@ def exported(trained, tmp_path_factory) -> Path:
 
 
 def ours_and_theirs(trained, exported, options: DecodeOptions, lines: list[str]):
-    from transformer.checkpoints import load_checkpoint, model_from_checkpoint
-    from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
-
     ckpt = load_checkpoint(trained[0][-1])
     ours = Translator(model_from_checkpoint(ckpt), *tokenizers(ckpt, trained[0][-1]))
     theirs = CT2Translator(exported, threads=1)
@@ -287,10 +285,8 @@ def test_greedy_translations_equal_ours(trained, exported, options) -> None:
 
 
 def test_one_call_for_all_limits_lets_sentences_exceed_their_own(trained, exported) -> None:
-    options, lines = (
-        DecodeOptions(strategy="greedy", max_len_a=0.5, max_len_b=1),
-        source_lines(trained),
-    )
+    options = DecodeOptions(strategy="greedy", max_len_a=0.5, max_len_b=1)
+    lines = source_lines(trained)
     ours, _ = ours_and_theirs(trained, exported, options, lines)
     one_call = CT2Translator(exported, threads=1, exact_limits=False).translate(lines, options)
     longer = [len(t[0].text) > len(o[0].text) for o, t in zip(ours, one_call, strict=True)]
@@ -306,7 +302,7 @@ def test_beam_translations_agree_on_nearly_all_sentences(trained, exported) -> N
     options = DecodeOptions(beam_size=5, nbest=2)
     ours, theirs = ours_and_theirs(trained, exported, options, lines)
     same = [o[0].text == t[0].text for o, t in zip(ours, theirs, strict=True)]
-    assert sum(same) / len(same) >= 0.97, f"{sum(same)}/{len(same)} identical"
+    assert sum(same) / len(same) >= 0.97, f"{sum(same)}/{len(same)} identical"  # here: 302/302
     for o, t, agree in zip(ours, theirs, same, strict=True):
         assert len(t) == len(o)
         if agree and o[0].score is not None:
