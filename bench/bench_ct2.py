@@ -7,7 +7,7 @@ Per system: sentences/s and target tokens/s (generated pieces plus eos; the medi
     pip install -e ".[export]"
     python bench/bench_ct2.py "OUT/checkpoints/epochs/*.ckpt" --root ../shared/data/multi30k
     python bench/bench_ct2.py CKPT --root DIR --beam 1 --rounds 3 --threads 2
-    python bench/bench_ct2.py CKPT --root DIR --profile ours-float32   # where its time goes
+    python bench/bench_ct2.py CKPT --root DIR --profile "ours float32"   # where its time goes
 
 ``--profile SYSTEM`` runs one more translation of that system under cProfile and prints the
 functions with the most time of their own.
