@@ -9,18 +9,15 @@ Per system: sentences/s and target tokens/s (generated pieces plus eos; the medi
     python bench/bench_ct2.py CKPT --root DIR --beam 1 --rounds 3 --threads 2
     python bench/bench_ct2.py CKPT --root DIR --profile "ours float32"   # where its time goes
 
-``--profile SYSTEM`` runs one more translation of that system under cProfile and prints the
-functions with the most time of their own.
+``--profile SYSTEM`` runs one more translation of one of our systems under ``torch.profiler`` and
+prints the operators with the most time of their own.
 """
 
 from __future__ import annotations
 
 import argparse
-import cProfile
 import glob
 import gzip
-import io
-import pstats
 import statistics
 import sys
 import tempfile
@@ -123,11 +120,9 @@ def main() -> None:
     ratio = statistics.median(seconds["ours float32"]) / statistics.median(seconds["ct2 float32"])
     print(f"ours float32 / ct2 float32 time: {ratio:.2f}x")
     if args.profile:
-        profiler = cProfile.Profile()
-        profiler.runcall(run, args.profile)
-        text = io.StringIO()
-        pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(25)
-        print(text.getvalue())
+        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+            run(args.profile)
+        print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=25))
 
 
 if __name__ == "__main__":
