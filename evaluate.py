@@ -35,7 +35,8 @@ def main(cfg: DictConfig) -> None:
     print(f"BLEU lowercased = {result['bleu_lc']:.2f}  {result['signature']['bleu_lc']}")
     print(f"chrF = {result['chrf']:.2f}  {result['signature']['chrf']}")
     seconds = result["translate_seconds"]
-    print(f"translated in {seconds:.1f} s on {result['device']} ({result['dtype']}), "
+    print(f"translated in {seconds:.1f} s by {result['engine']} on {result['device']} "
+          f"({result['dtype']}), "
           f"{result['num_sentences'] / max(seconds, 1e-9):.1f} sentences/s")  # fmt: skip
 
 

@@ -220,6 +220,16 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     return averaged
 
 
+def load_or_average(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
+    """The checkpoint of one path, or the average of several (what evaluation and export read)."""
+    if len(paths) > 1:
+        log.info("averaging %d checkpoints: %s", len(paths), ", ".join(map(str, paths)))
+        return average_checkpoints(paths)
+    if not paths:
+        raise CheckpointError("no checkpoints given")
+    return load_checkpoint(paths[0])
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m transformer.checkpoints",

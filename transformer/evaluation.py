@@ -20,8 +20,7 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
-    average_checkpoints,
-    load_checkpoint,
+    load_or_average,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
@@ -29,6 +28,7 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.data.text_files import read_lines, split_lines
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError
+from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
 from transformer.translate import Translator
 
@@ -89,10 +89,7 @@ def _no_match_hint(pattern: str) -> str:
 
 def _checkpoint(ckpt_path: Any) -> tuple[dict[str, Any], list[str]]:
     paths = checkpoint_paths(ckpt_path)
-    if len(paths) > 1:
-        log.info("averaging %d checkpoints: %s", len(paths), ", ".join(paths))
-        return average_checkpoints(paths), paths
-    return load_checkpoint(paths[0]), paths
+    return load_or_average(paths), paths
 
 
 def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> TranslationDataModule:
@@ -129,6 +126,31 @@ def _read_input(input_path: str) -> list[str]:
     return read_lines(input_path)
 
 
+def _ct2_translator(
+    cfg: DictConfig, device: torch.device, analysis: str | None
+) -> tuple[CT2Translator, dict[str, Any], list[str]]:
+    """engine=ctranslate2: the translator of the model directory ``ckpt_path``, a stand-in
+    checkpoint holding its data settings, and the directory as the one path."""
+    if analysis is not None:
+        raise ConfigError(f"analysis={analysis} reads our model's attention; use engine=torch")
+    if cfg.dtype != "float32":
+        raise ConfigError(
+            f"dtype={cfg.dtype} is for engine=torch; with engine=ctranslate2 set "
+            "ctranslate2.compute_type (int8, bfloat16, ...) or export with --quantization"
+        )
+    model_dir = str(cfg.ckpt_path)
+    if not Path(model_dir).is_dir():
+        raise ConfigError(
+            f"engine=ctranslate2 needs ckpt_path=DIR, a directory written by `python -m "
+            f"transformer.export ct2`; {model_dir} is not a directory"
+        )
+    ct2 = cfg.ctranslate2
+    translator = CT2Translator(
+        model_dir, device.type, ct2.compute_type, ct2.threads, ct2.exact_limits
+    )
+    return translator, {"datamodule_hyper_parameters": translator.info["data"]}, [model_dir]
+
+
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
     ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations).
@@ -144,10 +166,16 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("hypotheses.txt", "metrics.json"):  # a failed run leaves no earlier results
         (out_dir / name).unlink(missing_ok=True)
-    ckpt, paths = _checkpoint(cfg.ckpt_path)
-    src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
-    model = model_from_checkpoint(ckpt, paths[0]).to(device, dtype)
-    translator = Translator(model, src_tok, tgt_tok)
+    engine = cfg.get("engine", "torch")
+    if engine == "ctranslate2":
+        translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
+    elif engine == "torch":
+        ckpt, paths = _checkpoint(cfg.ckpt_path)
+        src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
+        model = model_from_checkpoint(ckpt, paths[0]).to(device, dtype)
+        translator = Translator(model, src_tok, tgt_tok)
+    else:
+        raise ConfigError(f"engine={engine}: choose torch or ctranslate2")
 
     if cfg.input is not None:
         lines = _read_input(str(cfg.input))
@@ -182,8 +210,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "num_sentences": scores.num_sentences,
         "decode": decode_settings,
         "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
+        "engine": engine,
         "device": str(device),
-        "dtype": cfg.dtype,
+        "dtype": translator.compute_type if engine == "ctranslate2" else cfg.dtype,
         "checkpoints": paths,
     }
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))

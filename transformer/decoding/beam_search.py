@@ -80,12 +80,12 @@ def beam_search(
             V = lprobs.size(-1)
             if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
-            lprobs = lprobs.view(n, k, V)
+            lprobs = lprobs.view(n, k, V)  # a fresh tensor: changed in place below
             last = (t >= max_len).view(n, 1, 1)  # this token must be eos
             not_eos = torch.arange(V, device=device) != eos_id
-            lprobs = lprobs.masked_fill(last & not_eos, float("-inf"))
+            lprobs.masked_fill_(last & not_eos, float("-inf"))
 
-            cand_scores, cand = (scores.unsqueeze(-1) + lprobs).view(n, k * V).topk(2 * K, dim=1)
+            cand_scores, cand = lprobs.add_(scores.unsqueeze(-1)).view(n, k * V).topk(2 * K, dim=1)
             cand_beam, cand_tok = cand // V, cand % V  # (n, 2K)
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)

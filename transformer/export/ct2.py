@@ -1,0 +1,255 @@
+"""Checkpoints -> a CTranslate2 model directory, with CTranslate2's converter spec API.
+
+Every option of :class:`transformer.config.TransformerConfig` maps onto
+``ctranslate2.specs.TransformerSpec``: pre- and post-norm, ReLU and GELU (erf), biases or none,
+grouped-query and multi-query attention, tied and shared embeddings (CTranslate2 stores equal
+tensors once), the sqrt(d_model) embedding scale and the layer-norm epsilon. Our fused QKV (self-)
+and KV (cross-attention) projections are CTranslate2's own layout. The sinusoidal table is given
+explicitly: CTranslate2's built-in one starts at position 1 and puts sin and cos in two halves,
+ours starts at 0 and interleaves them. The directory holds ``model.bin``, ``config.json``, the
+vocabulary, both SentencePiece models, ``transformer_nmt.json`` (what was exported, its data
+settings and our decoding defaults) and a README on translating with it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from torch import Tensor, nn
+
+from transformer.checkpoints import (
+    load_or_average,
+    model_from_checkpoint,
+    tokenizers_from_checkpoint,
+)
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.decoding import DecodeOptions
+from transformer.errors import ConfigError, UserError
+from transformer.model import ATTENTION_TYPES, Transformer
+
+QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
+INFO_FILE = "transformer_nmt.json"  # what was exported; evaluate.py engine=ctranslate2 reads it
+SPM_FILES = {"src": "source.spm.model", "tgt": "target.spm.model"}
+
+
+def import_ctranslate2() -> Any:
+    """The ``ctranslate2`` module, or a UserError saying how to install it."""
+    try:
+        import ctranslate2
+    except ImportError:
+        raise UserError('CTranslate2 is not installed: pip install -e ".[export]"') from None
+    return ctranslate2
+
+
+# The TransformerConfig options the conversion reads or that do not act at inference (dropout).
+# An option added to the config is refused below, by name, until the conversion maps it.
+CONVERTED_OPTIONS = frozenset(
+    "src_vocab_size tgt_vocab_size d_model num_heads num_kv_heads num_encoder_layers "
+    "num_decoder_layers d_ff dropout attention_dropout activation_dropout activation norm_first "
+    "bias layer_norm_eps max_positions tie_output_embeddings share_all_embeddings pad_id".split()
+)
+
+
+def check_convertible(model: Transformer) -> None:
+    """Refuse, naming it, what the CTranslate2 model would not compute exactly."""
+    for option in fields(model.cfg):
+        value = getattr(model.cfg, option.name)
+        if option.name not in CONVERTED_OPTIONS and value != option.default:
+            raise ConfigError(
+                f"model.{option.name}={value!r} has no CTranslate2 equivalent in this exporter; "
+                f"export a model trained without it (model.{option.name}={option.default!r})"
+            )
+    for kind in ATTENTION_TYPES:
+        for layer, module in enumerate(model.attention_modules(kind)):
+            if module.head_mask is not None:
+                raise ConfigError(
+                    f"{kind} attention of layer {layer} has a head mask (pruned or scaled heads), "
+                    "which CTranslate2 cannot apply; clear it (model.clear_head_masks()) to "
+                    "export the unpruned model"
+                )
+
+
+def _array(t: Tensor) -> np.ndarray:
+    return t.detach().float().cpu().numpy()
+
+
+def _linear(spec: Any, linear: nn.Linear) -> None:
+    spec.weight = _array(linear.weight)
+    if linear.bias is not None:
+        spec.bias = _array(linear.bias)
+
+
+def _norm(spec: Any, norm: nn.LayerNorm) -> None:
+    spec.gamma, spec.beta = _array(norm.weight), _array(norm.bias)
+
+
+def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[str]) -> Any:
+    """A validated ``ctranslate2.specs.TransformerSpec`` holding ``model``'s weights; the
+    vocabularies are the pieces of ids 0..V-1. The source gets eos appended by CTranslate2 itself
+    (``add_source_eos``), the decoder starts from bos, as ours do."""
+    import_ctranslate2()
+    check_convertible(model)
+    from ctranslate2.specs import common_spec
+    from ctranslate2.specs import transformer_spec as ts
+
+    cfg = model.cfg
+    act = common_spec.Activation.RELU if cfg.activation == "relu" else common_spec.Activation.GELU
+    shape = dict(pre_norm=cfg.norm_first, activation=act, num_heads_kv=cfg.num_kv_heads)
+    encoder = ts.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **shape)
+    decoder = ts.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **shape)
+
+    for side, embed in ((encoder, model.src_embed), (decoder, model.tgt_embed)):
+        tokens = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
+        tokens.weight = _array(embed.tokens.weight)
+        side.scale_embeddings = embed.scale  # sqrt(d_model)
+        side.position_encodings.encodings = _array(embed.positions)  # (max_positions, D)
+    for spec, layer in zip(encoder.layer, model.encoder.layers, strict=True):
+        _norm(spec.self_attention.layer_norm, layer.attn_block.norm)
+        _linear(spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _linear(spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _ffn(spec.ffn, layer)
+    for spec, layer in zip(decoder.layer, model.decoder.layers, strict=True):
+        _norm(spec.self_attention.layer_norm, layer.self_block.norm)
+        _linear(spec.self_attention.linear[0], layer.self_attn.qkv_proj)
+        _linear(spec.self_attention.linear[1], layer.self_attn.out_proj)
+        _norm(spec.attention.layer_norm, layer.cross_block.norm)
+        _linear(spec.attention.linear[0], layer.cross_attn.q_proj)
+        _linear(spec.attention.linear[1], layer.cross_attn.kv_proj)
+        _linear(spec.attention.linear[2], layer.cross_attn.out_proj)
+        _ffn(spec.ffn, layer)
+    if cfg.norm_first:  # post-norm stacks have no final norm, in either implementation
+        _norm(encoder.layer_norm, model.encoder.norm)
+        _norm(decoder.layer_norm, model.decoder.norm)
+    decoder.projection.weight = _array(model.output.weight)
+
+    spec = ts.TransformerSpec(encoder, decoder)
+    spec.config.layer_norm_epsilon = cfg.layer_norm_eps
+    spec.config.unk_token, spec.config.eos_token = tgt_vocab[UNK_ID], tgt_vocab[EOS_ID]
+    spec.config.bos_token = spec.config.decoder_start_token = tgt_vocab[BOS_ID]
+    spec.config.add_source_eos = True
+    spec.register_source_vocabulary(src_vocab)
+    spec.register_target_vocabulary(tgt_vocab)
+    spec.validate()
+    return spec
+
+
+def _ffn(spec: Any, layer: nn.Module) -> None:
+    _norm(spec.layer_norm, layer.ffn_block.norm)
+    _linear(spec.linear_0, layer.ffn.fc1)
+    _linear(spec.linear_1, layer.ffn.fc2)
+
+
+def check_quantization(quantization: str) -> None:
+    if quantization not in QUANTIZATIONS:
+        choices = ", ".join(QUANTIZATIONS)
+        raise ConfigError(f"--quantization {quantization}: choose one of {choices}")
+
+
+def save_spec(spec: Any, out_dir: str | os.PathLike, quantization: str = "float32") -> None:
+    """Quantize the weights (``float32`` keeps them) and write the model files to ``out_dir``."""
+    check_quantization(quantization)
+    spec.optimize(quantization=None if quantization == "float32" else quantization)
+    spec.save(str(out_dir))
+
+
+def export_ct2(
+    paths: Sequence[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    quantization: str = "float32",
+    force: bool = False,
+) -> Path:
+    """Write the CTranslate2 model of ``paths`` (one checkpoint, or several averaged as
+    ``evaluate.py`` averages them) to ``out_dir``; the directory appears complete or not at all.
+    An existing non-empty ``out_dir`` is replaced only with ``force``."""
+    out_dir = Path(out_dir)
+    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
+        raise ConfigError(f"{out_dir} exists and is not empty; choose another OUT_DIR or --force")
+    check_quantization(quantization)
+    ckpt = load_or_average(paths)
+    tokenizers = tokenizers_from_checkpoint(ckpt, paths[0])
+    model = model_from_checkpoint(ckpt, paths[0]).eval()
+    vocabs = [tok.pieces(range(tok.vocab_size)) for tok in tokenizers]
+    spec = transformer_spec(model, *vocabs)
+
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
+    try:
+        save_spec(spec, tmp, quantization)
+        for side, tok in zip(("src", "tgt"), tokenizers, strict=True):
+            (tmp / SPM_FILES[side]).write_bytes(tok.to_bytes())
+        info = {
+            "checkpoints": [str(p) for p in paths],
+            "quantization": quantization,
+            "model": model.cfg.to_dict(),
+            "data": ckpt.get("datamodule_hyper_parameters") or {},
+            "decode": asdict(DecodeOptions()),
+            "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
+        }
+        (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
+        (tmp / "README.md").write_text(usage(model.cfg.max_positions, DecodeOptions()))
+        if out_dir.exists():
+            shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
+        os.replace(tmp, out_dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return out_dir
+
+
+def usage(max_positions: int, options: DecodeOptions) -> str:
+    """The exported directory's README: translating with ``ctranslate2`` and ``sentencepiece``
+    alone, with the options that reproduce ``evaluate.py``'s beam search."""
+    a, b, lp = options.max_len_a, options.max_len_b, options.len_penalty
+    return f"""# A transformer-nmt model for CTranslate2
+
+Written by `python -m transformer.export ct2`; `{INFO_FILE}` names the checkpoints and records
+the model config and training data. Translate with `pip install ctranslate2 sentencepiece`:
+
+```python
+import math
+import ctranslate2
+import sentencepiece as spm
+
+src_sp = spm.SentencePieceProcessor(model_file="MODEL_DIR/{SPM_FILES["src"]}")
+tgt_sp = spm.SentencePieceProcessor(model_file="MODEL_DIR/{SPM_FILES["tgt"]}")
+translator = ctranslate2.Translator("MODEL_DIR", device="cpu", intra_threads=2)
+
+def translate(lines, beam_size={options.beam_size}):
+    # The model appends </s> to each source (config.json: add_source_eos) and starts the
+    # decoder from <s>. At most floor({a} * (pieces + 1)) + {b} tokens before </s>: one
+    # limit per call, so sentences of the same limit are translated together.
+    pieces = [src_sp.encode(line, out_type=str)[: {max_positions - 1}] for line in lines]
+    groups = {{}}
+    for i, p in enumerate(pieces):
+        limit = min(math.floor({a} * (len(p) + 1)) + {b}, {max_positions - 1})
+        groups.setdefault(limit, []).append(i)
+    out = [""] * len(lines)
+    for limit, rows in groups.items():
+        results = translator.translate_batch(
+            [pieces[i] for i in rows], beam_size=beam_size, length_penalty={lp},
+            max_decoding_length=limit, min_decoding_length={options.min_len},
+            suppress_sequences=[["<pad>"], ["<s>"]], max_input_length=0,
+        )
+        for i, r in zip(rows, results):
+            out[i] = tgt_sp.decode(r.hypotheses[0])
+    return out
+
+print(translate(["A dog runs through the park."]))
+```
+
+These are `evaluate.py`'s defaults (beam {options.beam_size}, length penalty {lp}: score =
+log-probability / length ** {lp}). `beam_size=1` is its greedy decoding, token for token.
+A beam-5 translation can differ from ours where a hypothesis reaches the length limit
+(`evaluate.py` forces `</s>` there and counts it in the score; CTranslate2 stops without it)
+or, rarely, where scores tie closely: CTranslate2 removes `<pad>` and `<s>` before the softmax,
+`evaluate.py` after it.
+`python evaluate.py engine=ctranslate2 ckpt_path=MODEL_DIR` scores this directory on the test
+split, with the same metrics as a checkpoint.
+"""
