@@ -209,6 +209,11 @@ class TranslationDataModule(L.LightningDataModule):
             if s not in missing:
                 log.info("%s/%s: token ids from cache %s", source.tag, s, paths[s])
             self._splits[s] = TokenizedSplit.load(paths[s])
+        # The training text served the tokenizers and the cache; held on, it would be most of
+        # a large corpus's memory, in this process and in every loader worker forked from it.
+        # (Validation and test texts stay: BLEU's references. ``references``/``sources`` of the
+        # training split read it again.)
+        self._texts.pop(train, None)
 
     def prepare_data(self) -> None:
         self._build()
