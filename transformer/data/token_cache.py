@@ -112,24 +112,38 @@ def build_split(
         ) from err
 
 
-class TokenizedSplit(Dataset):
-    """A tokenized split held as flat id arrays and offsets; ``split[i]`` is an :data:`Example`."""
+class TokenIds:
+    """One side of a tokenized split: its Arrow list chunks, indexed where they lie. Loaded from
+    the cache they are memory-mapped, so only the rows read become resident (concatenating the
+    chunks would copy the whole split into memory: BENCHMARKS.md, "Data pipeline at WMT
+    sizes")."""
 
-    def __init__(self, ids: np.ndarray, src: pa.ListArray, tgt: pa.ListArray) -> None:
+    def __init__(self, column: pa.ChunkedArray) -> None:
+        chunks = [c for c in column.chunks if len(c)]
+        self._offsets = [c.offsets.to_numpy() for c in chunks]  # into each chunk's values
+        self._values = [c.values.to_numpy() for c in chunks]
+        self._starts = np.cumsum([0, *(len(c) for c in chunks)])  # first row of each chunk
+        self.lens = np.concatenate([np.diff(o) for o in self._offsets] or [np.zeros(0, int)])
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        offsets, j = self._offsets[k], i - self._starts[k]
+        return self._values[k][offsets[j] : offsets[j + 1]]
+
+
+class TokenizedSplit(Dataset):
+    """A tokenized split: sentence ids and both sides' token ids; ``split[i]`` is an
+    :data:`Example`."""
+
+    def __init__(self, ids: np.ndarray, src: pa.ChunkedArray, tgt: pa.ChunkedArray) -> None:
         self.ids = ids
-        self._src_off, self._src = src.offsets.to_numpy(), src.values.to_numpy()
-        self._tgt_off, self._tgt = tgt.offsets.to_numpy(), tgt.values.to_numpy()
-        self.src_lens = np.diff(self._src_off)
-        self.tgt_lens = np.diff(self._tgt_off)
+        self._src, self._tgt = TokenIds(src), TokenIds(tgt)
+        self.src_lens, self.tgt_lens = self._src.lens, self._tgt.lens
 
     @classmethod
     def load(cls, path: Path) -> TokenizedSplit:
         table = datasets.load_from_disk(str(path)).data
-        return cls(
-            table.column("id").to_numpy(),
-            table.column("src_ids").combine_chunks(),
-            table.column("tgt_ids").combine_chunks(),
-        )
+        return cls(table.column("id").to_numpy(), table.column("src_ids"), table.column("tgt_ids"))
 
     def __len__(self) -> int:
         return len(self.ids)
@@ -148,6 +162,4 @@ class TokenizedSplit(Dataset):
             )
 
     def __getitem__(self, i: int) -> Example:
-        s0, s1 = self._src_off[i], self._src_off[i + 1]
-        t0, t1 = self._tgt_off[i], self._tgt_off[i + 1]
-        return int(self.ids[i]), self._src[s0:s1], self._tgt[t0:t1]
+        return int(self.ids[i]), self._src[i], self._tgt[i]
