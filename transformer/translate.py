@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -10,6 +11,14 @@ from transformer.data.collate import encode_sources, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode
 from transformer.model import Transformer
+
+
+def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
+    """Each non-blank line's ``x + eos`` ids, at most ``limit`` long, by its index in ``lines``
+    (blank lines translate to ""); a cut line is named by its line number in the warning."""
+    todo = [i for i, line in enumerate(lines) if line.strip()]
+    encoded = encode_sources(tok, [lines[i] for i in todo], limit, [i + 1 for i in todo])
+    return dict(zip(todo, encoded, strict=True))
 
 
 def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
@@ -44,12 +53,8 @@ class Translator:
         """Each line's ``options.nbest`` translations, best first; blank lines give "". Batches
         hold at most ``max_tokens`` source tokens, padding included."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        limit = self.model.cfg.max_positions
-        texts, numbers = [lines[i] for i in todo], [i + 1 for i in todo]
-        encoded = encode_sources(self.src_tokenizer, texts, limit, numbers)
-        ids = dict(zip(todo, encoded, strict=True))
-        for batch in length_batches({i: len(ids[i]) for i in todo}, max_tokens):
+        ids = encode_lines(self.src_tokenizer, lines, self.model.cfg.max_positions)
+        for batch in length_batches({i: len(x) for i, x in ids.items()}, max_tokens):
             src = pad([ids[i] for i in batch], self.model.cfg.pad_id, self.device)
             hyps = decode_batch(self.model, self.tgt_tokenizer, src, options)
             for i, sentence in zip(batch, hyps, strict=True):

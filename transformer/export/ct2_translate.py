@@ -20,13 +20,12 @@ from typing import Any
 
 import torch
 
-from transformer.data.collate import encode_sources
 from transformer.data.tokenizer import BOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import max_output_lengths
 from transformer.errors import CheckpointError
 from transformer.export.ct2 import INFO_FILE, SPM_FILES, import_ctranslate2
-from transformer.translate import Translation
+from transformer.translate import Translation, encode_lines
 
 
 def read_info(model_dir: str | os.PathLike) -> dict[str, Any]:
@@ -85,25 +84,24 @@ class CT2Translator:
     ) -> list[list[Translation]]:
         """Each line's ``options.nbest`` translations, best first; blank lines give ""."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
-        todo = [i for i, line in enumerate(lines) if line.strip()]
-        encoded = encode_sources(self.src_tokenizer, [lines[i] for i in todo], self.max_positions)
+        ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
         limits = max_output_lengths(
-            torch.tensor([len(ids) for ids in encoded]), options.max_len_a, options.max_len_b,
+            torch.tensor([len(x) for x in ids.values()]), options.max_len_a, options.max_len_b,
             options.min_len, self.max_positions - 1,
         ).tolist()  # fmt: skip
         groups: dict[int, list[int]] = {}
-        for k, limit in enumerate(limits):
-            groups.setdefault(limit if self.exact_limits else max(limits), []).append(k)
+        for i, limit in zip(ids, limits, strict=True):
+            groups.setdefault(limit if self.exact_limits else max(limits), []).append(i)
         kwargs = search_kwargs(options, *self.tgt_tokenizer.pieces([PAD_ID, BOS_ID]))
         for limit, rows in groups.items():
-            sources = [self.src_tokenizer.pieces(encoded[k][:-1]) for k in rows]  # eos: the model
+            sources = [self.src_tokenizer.pieces(ids[i][:-1]) for i in rows]  # eos: the model's
             out = self.translator.translate_batch(
                 sources, max_batch_size=max_tokens, batch_type="tokens",
                 max_decoding_length=limit, **kwargs,
             )  # fmt: skip
-            for k, result in zip(rows, out, strict=True):
+            for i, result in zip(rows, out, strict=True):
                 scores = result.scores or [None] * len(result.hypotheses)  # greedy: none
-                results[todo[k]] = [
+                results[i] = [
                     Translation(self.tgt_tokenizer.decode([self.tgt_ids[p] for p in hyp]), score)
                     for hyp, score in zip(result.hypotheses, scores, strict=True)
                 ]
