@@ -9,6 +9,7 @@ from types import SimpleNamespace
 
 import datasets
 import lightning as L
+import pyarrow as pa
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -39,19 +40,31 @@ def test_a_full_disk_while_caching_leaves_nothing_to_read_back(corpus_dir, dm_kw
     """The disk fills up while a split's token ids are written (after a truncated file): a
     DataError names the cache and the fix, nothing is left under ``tok/`` (no temporary
     directory, no half-written split), and the next run builds every split whole."""
-    real = datasets.Dataset.save_to_disk
+    real = pa.ipc.new_file
 
-    def full_disk(self, path, *args, **kwargs):
-        real(self, path, *args, **kwargs)
-        for arrow in Path(path).glob("*.arrow"):
-            arrow.write_bytes(arrow.read_bytes()[:100])
-        raise OSError(errno.ENOSPC, "No space left on device")
+    class FullDisk:
+        """The cache's Arrow writer, where the disk fills up after the first chunk."""
 
-    monkeypatch.setattr(datasets.Dataset, "save_to_disk", full_disk)
+        def __init__(self, sink, schema):
+            self.sink, self.writer = sink, real(sink, schema)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.writer.close()
+
+        def write_batch(self, batch):
+            self.writer.write_batch(batch)
+            self.writer.close()
+            Path(self.sink).write_bytes(Path(self.sink).read_bytes()[:100])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(pa.ipc, "new_file", FullDisk)
     with pytest.raises(DataError, match=r"token cache .*No space left on device.*data.cache_dir"):
         build(source="local", root=str(corpus_dir), **dm_kwargs)
     assert list((Path(dm_kwargs["cache_dir"]) / "tok").iterdir()) == []
-    monkeypatch.setattr(datasets.Dataset, "save_to_disk", real)
+    monkeypatch.setattr(pa.ipc, "new_file", real)
     dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
     for split in ("train", "val", "test"):
         assert sorted(ids_of(getattr(dm, f"{split}_dataloader")())) == list(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,15 @@ from torch.utils.data import DataLoader
 from transformer.data.collate import Collator, padded_sizes
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.sources import DEFAULT_SPLITS, make_source
-from transformer.data.text_files import ParallelText
-from transformer.data.token_cache import TokenizedSplit, build_split, file_digest, fingerprint
-from transformer.data.tokenizer import PAD_ID, Tokenizer, train_tokenizer
+from transformer.data.text_files import ParallelText, checked
+from transformer.data.token_cache import (
+    CACHE_FORMAT,
+    TokenizedSplit,
+    build_split,
+    file_digest,
+    fingerprint,
+)
+from transformer.data.tokenizer import PAD_ID, SentenceSample, Tokenizer, train_tokenizer
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
 
 log = logging.getLogger(__name__)
@@ -68,6 +75,7 @@ class TranslationDataModule(L.LightningDataModule):
         hf_config: str | None = None,
         hf_path: str | None = None,
         download: bool = True,
+        prepare_per_node: bool = True,
     ) -> None:
         super().__init__()
         if source not in DEFAULT_SPLITS:
@@ -84,6 +92,9 @@ class TranslationDataModule(L.LightningDataModule):
         if source in ("multi30k", "local") and root is None:
             raise ValueError(f"data={source} needs data.root, the directory with the files")
         self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
+        # Lightning's switch: True builds the caches on every node (local disks), False on the
+        # first node only (a cache_dir on a file system all nodes share).
+        self.prepare_data_per_node = prepare_per_node
         self.source_name, self.root = source, root
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.vocab_size, self.joint_vocab = vocab_size, joint_vocab
@@ -146,16 +157,23 @@ class TranslationDataModule(L.LightningDataModule):
         log.info("using the tokenizers of checkpoint %s, not training SentencePiece", checkpoint)
 
     def _split_path(self, split: str, identity: str, tok_digest: str, filtered: bool) -> Path:
-        key = fingerprint(identity, tok_digest, self.max_len if filtered else None)
+        key = fingerprint(CACHE_FORMAT, identity, tok_digest, self.max_len if filtered else None)
         pair = f"{self.src_lang}-{self.tgt_lang}"
         return self.cache_dir / "tok" / f"{self.source.tag}.{split}.{pair}.{key}"
 
     def _read(self, split: str) -> ParallelText:
+        """A split's pairs, all of them, checked (kept: validation and test texts are BLEU's
+        references and small; the training split is only ever streamed, :meth:`_chunks`)."""
         if split not in self._texts:
-            text = self.source.read(split)
-            text.check_filled(split, (self.src_lang, self.tgt_lang))
-            self._texts[split] = text
+            self._texts[split] = ParallelText.join(self._chunks(split), self.source.origin(split))
         return self._texts[split]
+
+    def _chunks(self, split: str) -> Iterator[ParallelText]:
+        """A split's pairs as the source streams them, checked on the way."""
+        if split in self._texts:
+            return iter([self._texts[split]])
+        langs = self.src_lang, self.tgt_lang
+        return checked(self.source.read_chunks(split), split, langs, self.source.origin(split))
 
     def _tokenizers(self, train_identity: str) -> tuple[Tokenizer, Tokenizer]:
         """The checkpoint's tokenizers (saved into the cache), else those trained on the training
@@ -165,18 +183,23 @@ class TranslationDataModule(L.LightningDataModule):
             return self._checkpoint_tokenizers
         src_path, tgt_path = self.tokenizer_files.trained_paths(train_identity)
         if not (src_path.exists() and tgt_path.exists()):
-            # Read (and so check) every split before any tokenizer training.
-            for s in self._split_list():
-                self._read(s)
-            text = self._read(self.split_names["train"])
             files = self.tokenizer_files
             settings = files.vocab_size, files.model_type, files.train_sentences
-            if self.joint_vocab:
-                train_tokenizer(text.src + text.tgt, src_path, *settings)
-            else:
-                for path, side in ((src_path, text.src), (tgt_path, text.tgt)):
-                    if not path.exists():
-                        train_tokenizer(side, path, *settings)
+            train = self.split_names["train"]
+            for s in self._split_list():  # check the small splits before the long work
+                if s != train:
+                    self._read(s)
+            # One pass over the training split checks it and draws SentencePiece's sample(s).
+            samples = [
+                SentenceSample(files.train_sentences) for _ in range(1 if self.joint_vocab else 2)
+            ]
+            for part in self._chunks(train):
+                samples[0].add(part.src)
+                samples[-1].add(part.tgt)
+            paths = [src_path] if self.joint_vocab else [src_path, tgt_path]
+            for path, sample in zip(paths, samples, strict=True):
+                if not path.exists():
+                    train_tokenizer(sample.sentences, path, *settings)
         return self.tokenizer_files.load(src_path, tgt_path)
 
     def _build(self) -> None:
@@ -194,11 +217,12 @@ class TranslationDataModule(L.LightningDataModule):
             s: self._split_path(s, identities[s], tok_digest, filtered=s == train) for s in splits
         }
         missing = [s for s in splits if not paths[s].exists()]
-        for s in missing:  # read all first: bad input fails before any tokenizing
-            self._read(s)
+        for s in missing:  # the small splits first: bad input fails before the long work
+            if s != train:
+                self._read(s)
         for s in missing:
             build_split(
-                self._read(s),
+                self._chunks(s),
                 self.src_tokenizer,
                 self.tgt_tokenizer,
                 paths[s],
@@ -209,11 +233,6 @@ class TranslationDataModule(L.LightningDataModule):
             if s not in missing:
                 log.info("%s/%s: token ids from cache %s", source.tag, s, paths[s])
             self._splits[s] = TokenizedSplit.load(paths[s])
-        # The training text served the tokenizers and the cache; held on, it would be most of
-        # a large corpus's memory, in this process and in every loader worker forked from it.
-        # (Validation and test texts stay: BLEU's references. ``references``/``sources`` of the
-        # training split read it again.)
-        self._texts.pop(train, None)
 
     def prepare_data(self) -> None:
         self._build()

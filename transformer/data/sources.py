@@ -1,8 +1,9 @@
 """Raw parallel text: Multi30k files, local files (text/TSV/JSONL) and Hugging Face datasets.
 
-Every source turns one split into a :class:`ParallelText` (source and target sentences in corpus
-order) and gives a cheap ``identity`` string for a split that changes whenever its data does, which
-names the caches built from it. Bad input raises :class:`DataError` naming the file, the line or the
+Every source reads one split as a stream of :class:`ParallelText` chunks (source and target
+sentences in corpus order), so that no split is ever whole in memory unless asked for (``read``),
+and gives a cheap ``identity`` string for a split that changes whenever its data does, which names
+the caches built from it. Bad input raises :class:`DataError` naming the file, the line or the
 counts, and what would fix it; nothing is skipped silently. The file formats are read in
 :mod:`transformer.data.text_files`.
 """
@@ -14,16 +15,18 @@ import os
 import shutil
 import urllib.request
 from abc import ABC, abstractmethod
+from collections.abc import Iterator
 from functools import partial
 from pathlib import Path
 
 from transformer.atomic import atomic_write
 from transformer.data.text_files import (
+    CHUNK_PAIRS,
     ParallelText,
     file_identity,
-    read_jsonl,
-    read_parallel_files,
-    read_tsv,
+    iter_jsonl,
+    iter_parallel_files,
+    iter_tsv,
 )
 from transformer.errors import DataError
 
@@ -58,8 +61,16 @@ class CorpusSource(ABC):
         """A cheap string that changes whenever the split's data does."""
 
     @abstractmethod
+    def origin(self, split: str) -> str:
+        """Where the split's pairs come from (files, a dataset), for messages."""
+
+    @abstractmethod
+    def read_chunks(self, split: str, chunk: int = CHUNK_PAIRS) -> Iterator[ParallelText]:
+        """The split's sentence pairs in corpus order, ``chunk`` at a time, validated as read."""
+
     def read(self, split: str) -> ParallelText:
-        """The split's sentence pairs, validated."""
+        """The split's sentence pairs, all of them."""
+        return ParallelText.join(self.read_chunks(split), self.origin(split))
 
 
 class Multi30kSource(CorpusSource):
@@ -123,8 +134,11 @@ class Multi30kSource(CorpusSource):
     def identity(self, split: str) -> str:
         return file_identity(*self._paths(split))
 
-    def read(self, split: str) -> ParallelText:
-        return read_parallel_files(*self._paths(split))
+    def origin(self, split: str) -> str:
+        return " + ".join(map(str, self._paths(split)))
+
+    def read_chunks(self, split: str, chunk: int = CHUNK_PAIRS) -> Iterator[ParallelText]:
+        return iter_parallel_files(*self._paths(split), chunk)
 
 
 class LocalSource(CorpusSource):
@@ -133,7 +147,10 @@ class LocalSource(CorpusSource):
     * ``{split}.{lang}``: one text file per language, one sentence per line;
     * ``{split}.tsv``: a header line naming the languages (``en<TAB>de``), then one pair a line;
     * ``{split}.jsonl``: one JSON object a line, ``{"en": ..., "de": ...}`` or
-      ``{"translation": {"en": ..., "de": ...}}``.
+      ``{"translation": {"en": ..., "de": ...}}``;
+    * a directory ``{split}/`` of shards in one of these formats (``part-000.en`` with
+      ``part-000.de``, or ``*.tsv``, or ``*.jsonl``), read in the order of their names as one
+      split.
     """
 
     def __init__(self, root: str | os.PathLike, src_lang: str, tgt_lang: str) -> None:
@@ -144,33 +161,75 @@ class LocalSource(CorpusSource):
     def tag(self) -> str:
         return f"local-{self.root.resolve().name}"
 
-    def _find(self, name: str) -> Path | None:
-        for p in (self.root / name, self.root / f"{name}.gz"):
-            if p.exists():
-                return p
-        return None
-
-    def _files(self, split: str) -> tuple[str, list[Path]]:
-        src, tgt = self._find(f"{split}.{self.src_lang}"), self._find(f"{split}.{self.tgt_lang}")
-        if src and tgt:
-            return "text", [src, tgt]
+    def _files(self, split: str) -> tuple[str, list[list[Path]]]:
+        """The split's format and its files: one group per shard, ``[src, tgt]`` or ``[file]``."""
+        if (self.root / split).is_dir():
+            return self._shards(split)
+        found = (
+            _find(self.root, f"{split}.{self.src_lang}"),
+            _find(self.root, f"{split}.{self.tgt_lang}"),
+        )
+        if found[0] and found[1]:
+            return "text", [list(found)]
         for kind in ("tsv", "jsonl"):
-            p = self._find(f"{split}.{kind}")
-            if p:
-                return kind, [p]
+            if p := _find(self.root, f"{split}.{kind}"):
+                return kind, [[p]]
         raise DataError(
             f"no files for split {split!r} in {self.root}: expected {split}.{self.src_lang} and "
-            f"{split}.{self.tgt_lang}, or {split}.tsv, or {split}.jsonl (each optionally .gz)"
+            f"{split}.{self.tgt_lang}, or {split}.tsv, or {split}.jsonl (each optionally .gz), or "
+            f"a directory {split}/ of such files"
+        )
+
+    def _shards(self, split: str) -> tuple[str, list[list[Path]]]:
+        folder = self.root / split
+        for kind in (self.src_lang, "tsv", "jsonl"):
+            shards = sorted(
+                p for p in folder.iterdir() if p.name.endswith((f".{kind}", f".{kind}.gz"))
+            )
+            if not shards:
+                continue
+            if kind in ("tsv", "jsonl"):
+                return kind, [[p] for p in shards]
+            groups = []
+            for src in shards:
+                stem = src.name.removesuffix(".gz").removesuffix(f".{kind}")
+                tgt = _find(folder, f"{stem}.{self.tgt_lang}")
+                if tgt is None:
+                    raise DataError(
+                        f"{src} has no {self.tgt_lang} side: every shard of {folder} needs "
+                        f"{stem}.{self.tgt_lang} (or .gz) beside it"
+                    )
+                groups.append([src, tgt])
+            return "text", groups
+        raise DataError(
+            f"{folder} has no shards: expected files *.{self.src_lang} with *.{self.tgt_lang}, or "
+            "*.tsv, or *.jsonl (each optionally .gz)"
         )
 
     def identity(self, split: str) -> str:
-        return file_identity(*self._files(split)[1])
+        return file_identity(*(p for group in self._files(split)[1] for p in group))
 
-    def read(self, split: str) -> ParallelText:
-        kind, paths = self._files(split)
-        if kind == "text":
-            return read_parallel_files(*paths)
-        return (read_tsv if kind == "tsv" else read_jsonl)(paths[0], self.src_lang, self.tgt_lang)
+    def origin(self, split: str) -> str:
+        kind, groups = self._files(split)
+        first = " + ".join(map(str, groups[0]))
+        return first if len(groups) == 1 else f"{self.root / split} ({len(groups)} shards)"
+
+    def read_chunks(self, split: str, chunk: int = CHUNK_PAIRS) -> Iterator[ParallelText]:
+        kind, groups = self._files(split)
+        for group in groups:
+            if kind == "text":
+                yield from iter_parallel_files(*group, chunk)
+            else:
+                read = iter_tsv if kind == "tsv" else iter_jsonl
+                yield from read(group[0], self.src_lang, self.tgt_lang, chunk)
+
+
+def _find(folder: Path, name: str) -> Path | None:
+    """``folder/name`` or ``folder/name.gz``, whichever exists."""
+    for p in (folder / name, folder / f"{name}.gz"):
+        if p.exists():
+            return p
+    return None
 
 
 class HFSource(CorpusSource):
@@ -227,15 +286,21 @@ class HFSource(CorpusSource):
     def identity(self, split: str) -> str:
         return f"{self.tag}:{split}:{self._split(split)._fingerprint}"
 
-    def read(self, split: str) -> ParallelText:
+    def origin(self, split: str) -> str:
+        return f"{self.tag}[{split}]"
+
+    def read_chunks(self, split: str, chunk: int = CHUNK_PAIRS) -> Iterator[ParallelText]:
         flat = self._split(split).select_columns(["translation"]).flatten()
-        columns = {}
-        for lang in (self.src_lang, self.tgt_lang):
-            if f"translation.{lang}" not in flat.column_names:
+        columns = [f"translation.{lang}" for lang in (self.src_lang, self.tgt_lang)]
+        for column in columns:
+            if column not in flat.column_names:
                 langs = [c.removeprefix("translation.") for c in flat.column_names]
-                raise DataError(f"{self.tag}[{split}] has no language {lang!r}; it has {langs}")
-            columns[lang] = [t or "" for t in flat[f"translation.{lang}"]]
-        return ParallelText(columns[self.src_lang], columns[self.tgt_lang], f"{self.tag}[{split}]")
+                raise DataError(
+                    f"{self.origin(split)} has no language {column.split('.')[1]!r}; it has {langs}"
+                )
+        for batch in flat.select_columns(columns).iter(batch_size=chunk):
+            src, tgt = ([t or "" for t in batch[c]] for c in columns)
+            yield ParallelText(src, tgt, self.origin(split))
 
 
 DEFAULT_SPLITS = {  # data.source -> its (train, val, test) split names

@@ -1,4 +1,6 @@
-"""Parallel text files: UTF-8 lines (plain or gzipped), a pair of files, TSV and JSONL.
+"""Parallel text files: UTF-8 lines (plain or gzipped), a pair of files, TSV and JSONL, read as a
+stream of chunks of sentence pairs, so that a corpus of any size passes through a bounded amount
+of memory.
 
 Bad input raises :class:`DataError` naming the file, the line or the counts, and what would fix it;
 nothing is skipped silently.
@@ -10,10 +12,16 @@ import codecs
 import gzip
 import json
 import os
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
+from functools import partial
+from itertools import chain, islice, zip_longest
 from pathlib import Path
 
 from transformer.errors import DataError
+
+CHUNK_PAIRS = 100_000  # sentence pairs a chunk: a few tens of MB of text
+BLOCK_BYTES = 1 << 24  # bytes read (and decoded) at a time
 
 
 @dataclass
@@ -22,19 +30,37 @@ class ParallelText:
     tgt: list[str]
     origin: str  # where the pairs came from, for messages
 
-    def check_filled(self, split: str, langs: tuple[str, str]) -> None:
-        """Raise unless the split has pairs and each side a non-empty line."""
-        if not self.src:
+    @classmethod
+    def join(cls, parts: Iterable[ParallelText], origin: str) -> ParallelText:
+        text = cls([], [], origin)
+        for part in parts:
+            text.src += part.src
+            text.tgt += part.tgt
+        return text
+
+
+def checked(
+    parts: Iterable[ParallelText], split: str, langs: tuple[str, str], origin: str
+) -> Iterator[ParallelText]:
+    """``parts`` passed on as they come; after the last, a :class:`DataError` unless the split had
+    pairs and each side a non-empty line."""
+    pairs, filled = 0, [False, False]
+    for part in parts:
+        pairs += len(part.src)
+        for k, side in enumerate((part.src, part.tgt)):
+            filled[k] = filled[k] or any(line.strip() for line in side)
+        yield part
+    if not pairs:
+        raise DataError(
+            f"{origin}: split {split!r} is empty (no sentence pairs); fill the files or point "
+            "data.root at another copy"
+        )
+    for lang, full in zip(langs, filled, strict=True):
+        if not full:
             raise DataError(
-                f"{self.origin}: split {split!r} is empty (no sentence pairs); fill the files or "
-                "point data.root at another copy"
+                f"{origin}: every {lang} line of split {split!r} is empty; fill the file or point "
+                "data.root at another copy"
             )
-        for lang, side in zip(langs, (self.src, self.tgt), strict=True):
-            if not any(line.strip() for line in side):
-                raise DataError(
-                    f"{self.origin}: every {lang} line of split {split!r} is empty; fill the file "
-                    "or point data.root at another copy"
-                )
 
 
 def _open_bytes(path: Path):
@@ -43,50 +69,107 @@ def _open_bytes(path: Path):
 
 def read_lines(path: str | os.PathLike) -> list[str]:
     """All lines of a UTF-8 text file (plain or ``.gz``) without their line ends
-    (:func:`split_lines`)."""
+    (:func:`line_blocks`)."""
+    return list(chain.from_iterable(iter_line_blocks(path)))
+
+
+def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
+    """The lines of a UTF-8 text file (plain or ``.gz``), a block of them at a time
+    (:func:`line_blocks`)."""
     path = Path(path)
     with _open_bytes(path) as f:
-        return split_lines(f.read(), str(path))
+        yield from line_blocks(iter(partial(f.read, BLOCK_BYTES), b""), str(path))
 
 
 def split_lines(data: bytes, origin: str) -> list[str]:
-    """UTF-8 bytes -> lines without their line ends; ``origin`` names the input in errors.
+    """UTF-8 bytes -> lines without their line ends (:func:`line_blocks`)."""
+    return list(chain.from_iterable(line_blocks([data], origin)))
+
+
+def line_blocks(reads: Iterable[bytes], origin: str) -> Iterator[list[str]]:
+    """Consecutive pieces of UTF-8 text -> lists of its lines without their line ends, each list
+    the whole lines of one piece; ``origin`` names the input in errors.
 
     Only ``\\n`` separates lines (``\\r\\n`` is accepted too), never the other Unicode separators
-    that ``str.splitlines`` would split on inside a sentence. A UTF-8 byte-order mark at the start
-    is dropped (it is not text); UTF-16 and UTF-32 (a byte-order mark that says so) and bytes that
-    are not UTF-8 are refused, naming the line.
+    that ``str.splitlines`` would split on inside a sentence; a final line end adds no empty line.
+    A UTF-8 byte-order mark at the start is dropped (it is not text); UTF-16 and UTF-32 (a
+    byte-order mark that says so) and bytes that are not UTF-8 are refused, naming the line.
     """
+    rest, line, first = b"", 1, True
+    for data in reads:
+        data = rest + data
+        if first:  # once the first 4 bytes (the longest mark) are in
+            if len(data) < 4:
+                rest = data
+                continue
+            data, first = _drop_bom(data, origin), False
+        cut = data.rfind(b"\n") + 1
+        rest = data[cut:]
+        if cut:
+            lines = _decode(data[: cut - 1], origin, line)
+            line += len(lines)
+            yield lines
+    if first:  # all of it shorter than 4 bytes
+        rest = _drop_bom(rest, origin)
+        if rest.endswith(b"\n"):
+            rest = rest[:-1]
+            yield _decode(rest, origin, line)
+            return
+    if rest:
+        yield _decode(rest, origin, line)
+
+
+def _drop_bom(data: bytes, origin: str) -> bytes:
     if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # (UTF-32's include them)
+        return data[len(codecs.BOM_UTF8) :]
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # (UTF-32's include them)
         raise DataError(
             f"{origin}, line 1: a UTF-16 or UTF-32 byte-order mark; re-encode the text as UTF-8 "
             "(e.g. iconv -f utf-16 -t utf-8)"
         )
+    return data
+
+
+def _decode(data: bytes, origin: str, first_line: int) -> list[str]:
+    """Lines ``first_line``, ... of the input: ``data`` without its final line end."""
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
-        line = data.count(b"\n", 0, err.start) + 1
+        line = first_line + data.count(b"\n", 0, err.start)
         raise DataError(
             f"{origin}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
             "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
         ) from None
-    if text.endswith("\n"):
-        text = text[:-1]
-    lines = text.split("\n") if text else []
-    return [s[:-1] if s.endswith("\r") else s for s in lines]
+    lines = text.split("\n")
+    if "\r" in text:
+        lines = [s[:-1] if s.endswith("\r") else s for s in lines]
+    return lines
 
 
-def read_parallel_files(src_path: Path, tgt_path: Path) -> ParallelText:
+def _chunks(pairs: Iterator[tuple], origin: str, chunk: int) -> Iterator[ParallelText]:
+    while block := list(islice(pairs, chunk)):
+        src, tgt = map(list, zip(*block, strict=True))
+        yield ParallelText(src, tgt, origin)
+
+
+def iter_parallel_files(
+    src_path: Path, tgt_path: Path, chunk: int = CHUNK_PAIRS
+) -> Iterator[ParallelText]:
     """One file per language, line i of one the translation of line i of the other."""
-    src, tgt = read_lines(src_path), read_lines(tgt_path)
-    if len(src) != len(tgt):
-        raise DataError(
-            f"{src_path} has {len(src)} lines but {tgt_path} has {len(tgt)}: parallel files must "
-            "have one line per sentence pair; fix or replace the shorter/longer file"
-        )
-    return ParallelText(src, tgt, f"{src_path} + {tgt_path}")
+    lines = [chain.from_iterable(iter_line_blocks(p)) for p in (src_path, tgt_path)]
+    pairs = zip_longest(*lines)
+    done = 0
+    for part in _chunks(pairs, f"{src_path} + {tgt_path}", chunk):
+        if part.src[-1] is None or part.tgt[-1] is None:
+            shorter = part.src if part.src[-1] is None else part.tgt
+            counts = [done + len(part.src) + sum(1 for _ in pairs)] * 2
+            counts[shorter is part.tgt] = done + shorter.index(None)
+            raise DataError(
+                f"{src_path} has {counts[0]} lines but {tgt_path} has {counts[1]}: parallel files "
+                "must have one line per sentence pair; fix or replace the shorter/longer file"
+            )
+        done += len(part.src)
+        yield part
 
 
 def file_identity(*paths: Path) -> str:
@@ -98,46 +181,56 @@ def file_identity(*paths: Path) -> str:
     return "|".join(parts)
 
 
-def read_tsv(path: Path, src_lang: str, tgt_lang: str) -> ParallelText:
+def _records(path: Path, parse: Callable[[int, str], tuple[str, str] | None]):
+    """``parse(line_number, line)`` of each line of ``path``: its pairs, ``None`` skipped."""
+    lines = chain.from_iterable(iter_line_blocks(path))
+    return (p for n, line in enumerate(lines, start=1) if (p := parse(n, line)) is not None)
+
+
+def iter_tsv(
+    path: Path, src_lang: str, tgt_lang: str, chunk: int = CHUNK_PAIRS
+) -> Iterator[ParallelText]:
     """A header line naming the languages (``en<TAB>de``), then one pair a line."""
-    lines = read_lines(path)
-    header = lines[0].split("\t") if lines else []
-    for lang in (src_lang, tgt_lang):
-        if lang not in header:
-            raise DataError(
-                f"{path}, line 1: the header {header} does not name language {lang!r}; the "
-                "first line of a TSV file names the language of each column"
-            )
-    si, ti = header.index(src_lang), header.index(tgt_lang)
-    src, tgt = [], []
-    for n, line in enumerate(lines[1:], start=2):
+    header: list[str] = []
+
+    def parse(n: int, line: str) -> tuple[str, str] | None:
         fields = line.split("\t")
+        if n == 1:
+            header.extend(fields)
+            for lang in (src_lang, tgt_lang):
+                if lang not in header:
+                    raise DataError(
+                        f"{path}, line 1: the header {header} does not name language {lang!r}; "
+                        "the first line of a TSV file names the language of each column"
+                    )
+            return None
         if len(fields) != len(header):
             raise DataError(
                 f"{path}, line {n}: {len(fields)} tab-separated fields, the header has "
                 f"{len(header)}; sentences must not contain tabs"
             )
-        src.append(fields[si])
-        tgt.append(fields[ti])
-    return ParallelText(src, tgt, str(path))
+        return fields[header.index(src_lang)], fields[header.index(tgt_lang)]
+
+    yield from _chunks(_records(path, parse), str(path), chunk)
 
 
-def read_jsonl(path: Path, src_lang: str, tgt_lang: str) -> ParallelText:
+def iter_jsonl(
+    path: Path, src_lang: str, tgt_lang: str, chunk: int = CHUNK_PAIRS
+) -> Iterator[ParallelText]:
     """One JSON object a line, ``{"en": ..., "de": ...}`` or ``{"translation": {...}}``; blank
     lines are skipped."""
-    lines = read_lines(path)
-    src, tgt = [], []
-    for n, line in enumerate(lines, start=1):
+
+    def parse(n: int, line: str) -> tuple[str, str] | None:
         if not line.strip():
-            continue
+            return None
         try:
             obj = json.loads(line)
             pair = obj.get("translation", obj)
-            src.append(pair[src_lang])
-            tgt.append(pair[tgt_lang])
+            return pair[src_lang], pair[tgt_lang]
         except (json.JSONDecodeError, KeyError, AttributeError, TypeError) as err:
             raise DataError(
                 f"{path}, line {n}: not a JSON object with keys {src_lang!r} and "
                 f"{tgt_lang!r} (or a 'translation' object with them): {err!r}"
             ) from None
-    return ParallelText(src, tgt, str(path))
+
+    yield from _chunks(_records(path, parse), str(path), chunk)

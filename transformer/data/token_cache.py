@@ -1,5 +1,6 @@
-"""Token ids on disk: tokenize a split once with ``datasets.map``, filter it, save it under a name
-derived from a fingerprint of its inputs, and load it back memory-mapped on later runs."""
+"""Token ids on disk: tokenize a split once, a chunk at a time, filter it, write it as an Arrow file
+under a name derived from a fingerprint of its inputs, and load it back memory-mapped on later
+runs (only the rows read become resident)."""
 
 from __future__ import annotations
 
@@ -7,9 +8,9 @@ import hashlib
 import json
 import logging
 import os
+from collections.abc import Iterable
 from pathlib import Path
 
-import datasets
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -23,10 +24,10 @@ from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 
-# Rows from which tokenizing in several processes pays for their start-up.
-MULTIPROCESS_MIN_ROWS = 500_000
-_IDS = datasets.List(datasets.Value("int32"))
-FEATURES = datasets.Features({"id": datasets.Value("int64"), "src_ids": _IDS, "tgt_ids": _IDS})
+TOKENS_FILE = "tokens.arrow"  # in a split's cache directory: an Arrow IPC file of SCHEMA
+CACHE_FORMAT = 2  # part of every cache name: caches of another layout are never read
+_IDS = pa.list_(pa.int32())
+SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", _IDS), ("tgt_ids", _IDS)])
 
 
 def fingerprint(*parts: object) -> str:
@@ -44,72 +45,76 @@ def file_digest(path: str | os.PathLike) -> str:
     return content_digest(Path(path).read_bytes())
 
 
-class _Encode:
-    """The batched ``datasets.map`` function (a class, so it pickles for worker processes)."""
-
-    def __init__(self, src_tok: Tokenizer, tgt_tok: Tokenizer) -> None:
-        self.src_tok, self.tgt_tok = src_tok, tgt_tok
-
-    def __call__(self, batch: dict[str, list]) -> dict[str, list]:
-        return {
-            "id": batch["id"],
-            "src_ids": self.src_tok.encode_batch(batch["src"]),
-            "tgt_ids": self.tgt_tok.encode_batch(batch["tgt"]),
-        }
-
-
 def build_split(
-    text: ParallelText,
+    parts: Iterable[ParallelText],
     src_tok: Tokenizer,
     tgt_tok: Tokenizer,
     path: Path,
     max_len: int | None,
     name: str,
 ) -> None:
-    """Tokenize ``text`` and save it at ``path``, whole or not at all (a full disk leaves nothing
-    that a later run would read back).
+    """Tokenize the pairs of ``parts`` (a split's chunks, in corpus order) and write their ids to
+    ``path`` chunk by chunk, so memory holds one chunk whatever the split's size; the directory
+    appears whole or not at all (an error in the input or a full disk leaves nothing that a later
+    run would read back).
 
     With ``max_len`` (training), pairs with an empty side and pairs with more than ``max_len``
     pieces on a side are dropped and counted in the log; without it every pair is kept, so that
     evaluation covers the whole split in corpus order.
     """
-    n = len(text.src)
-    ds = datasets.Dataset.from_dict({"id": np.arange(n), "src": text.src, "tgt": text.tgt})
-    ds = ds.map(
-        _Encode(src_tok, tgt_tok),
-        batched=True,
-        batch_size=10_000,
-        remove_columns=["src", "tgt"],
-        features=FEATURES,
-        num_proc=min(os.cpu_count() or 1, 8) if n >= MULTIPROCESS_MIN_ROWS else None,
-        new_fingerprint=path.name,
-        desc=f"tokenizing {name}",
-    )
-    if max_len is not None:
-        src_len = pc.list_value_length(ds.data.column("src_ids")).to_numpy()
-        tgt_len = pc.list_value_length(ds.data.column("tgt_ids")).to_numpy()
-        empty = (src_len == 0) | (tgt_len == 0)
-        too_long = ~empty & ((src_len > max_len) | (tgt_len > max_len))
-        keep = np.flatnonzero(~(empty | too_long))
-        log.info(
-            "%s: kept %d of %d pairs; dropped %d with an empty side, %d longer than max_len=%d",
-            name, len(keep), n, int(empty.sum()), int(too_long.sum()), max_len,
-        )  # fmt: skip
-        if len(keep) == 0:
-            raise DataError(
-                f"no pairs left in {name} ({text.origin}) after filtering: the empty-side filter "
-                f"removed {int(empty.sum())} of {n} pairs and the max_len={max_len} filter removed "
-                f"{int(too_long.sum())}; check the files or raise data.max_len"
-            )
-        if len(keep) < n:
-            ds = ds.select(keep)
+    counts = {"pairs": 0, "kept": 0, "empty": 0, "too_long": 0}
+    origin = name
+
+    def write(tmp: Path) -> None:
+        nonlocal origin
+        tmp.mkdir(parents=True)
+        with pa.ipc.new_file(str(tmp / TOKENS_FILE), SCHEMA) as writer:
+            for part in parts:
+                origin = part.origin
+                src = pa.array(src_tok.encode_batch(part.src), _IDS)
+                tgt = pa.array(tgt_tok.encode_batch(part.tgt), _IDS)
+                ids = pa.array(np.arange(len(src)) + counts["pairs"], pa.int64())
+                batch = pa.record_batch([ids, src, tgt], schema=SCHEMA)
+                counts["pairs"] += len(src)
+                if max_len is not None:
+                    batch = batch.filter(_keep(src, tgt, max_len, counts))
+                counts["kept"] += len(batch)
+                writer.write_batch(batch)
+        if max_len is not None:
+            _check_kept(counts, name, origin, max_len)
+
     try:
-        atomic_directory(path, lambda tmp: ds.save_to_disk(str(tmp)))
+        atomic_directory(path, write)
     except OSError as err:
         raise DataError(
             f"could not write the token cache {path} ({err}); free space there or set "
             "data.cache_dir to a disk with room"
         ) from err
+
+
+def _keep(src: pa.Array, tgt: pa.Array, max_len: int, counts: dict[str, int]) -> pa.Array:
+    """The pairs kept by training's filters, counting those dropped into ``counts``."""
+    src_len = pc.list_value_length(src).to_numpy()
+    tgt_len = pc.list_value_length(tgt).to_numpy()
+    empty = (src_len == 0) | (tgt_len == 0)
+    too_long = ~empty & ((src_len > max_len) | (tgt_len > max_len))
+    counts["empty"] += int(empty.sum())
+    counts["too_long"] += int(too_long.sum())
+    return pa.array(~(empty | too_long))
+
+
+def _check_kept(counts: dict[str, int], name: str, origin: str, max_len: int) -> None:
+    n, empty, too_long = counts["pairs"], counts["empty"], counts["too_long"]
+    log.info(
+        "%s: kept %d of %d pairs; dropped %d with an empty side, %d longer than max_len=%d",
+        name, counts["kept"], n, empty, too_long, max_len,
+    )  # fmt: skip
+    if counts["kept"] == 0:
+        raise DataError(
+            f"no pairs left in {name} ({origin}) after filtering: the empty-side filter "
+            f"removed {empty} of {n} pairs and the max_len={max_len} filter removed "
+            f"{too_long}; check the files or raise data.max_len"
+        )
 
 
 class TokenIds:
@@ -142,7 +147,7 @@ class TokenizedSplit(Dataset):
 
     @classmethod
     def load(cls, path: Path) -> TokenizedSplit:
-        table = datasets.load_from_disk(str(path)).data
+        table = pa.ipc.open_file(pa.memory_map(str(path / TOKENS_FILE))).read_all()
         return cls(table.column("id").to_numpy(), table.column("src_ids"), table.column("tgt_ids"))
 
     def __len__(self) -> int:

@@ -11,6 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import sentencepiece as spm
 
 from transformer.errors import DataError
@@ -90,6 +91,29 @@ class Tokenizer:
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model_path"], model_proto=state["model_proto"])
+
+
+class SentenceSample:
+    """A uniform random sample of at most ``size`` of the non-empty sentences given to
+    :meth:`add` (reservoir sampling, Vitter's algorithm R, a list at a time), the same for the same
+    ``seed`` and sentences; while no more than ``size`` have come, all of them, in order. It is
+    what SentencePiece trains on: its time and memory grow with the sentences it is given."""
+
+    def __init__(self, size: int, seed: int = 0) -> None:
+        self.size, self.seen = size, 0
+        self.sentences: list[str] = []
+        self._rng = np.random.default_rng(seed)
+
+    def add(self, texts: list[str]) -> None:
+        texts = [t for t in texts if t.strip()]
+        room = max(0, self.size - len(self.sentences))
+        self.sentences += texts[:room]
+        rest = texts[room:]
+        # Sentence number t (from 0) takes slot j ~ U{0..t} when j < size.
+        slots = self._rng.integers(0, self.seen + room + np.arange(len(rest)) + 1)
+        for i in np.flatnonzero(slots < self.size):
+            self.sentences[slots[i]] = rest[i]
+        self.seen += len(texts)
 
 
 def train_tokenizer(
