@@ -7,6 +7,7 @@ them; it computes the same numbers and doubles as the reference in tests.
 
 A head mask (``head_mask``, (H,) floats, None by default) scales each head's output before the
 output projection, in both kernels: 0 silences a head (Michel et al. 2019). None costs nothing.
+A (B, H) mask gates each sentence's heads apart: a gradient with respect to it is per sentence.
 
 On CPU, bf16/fp16 attention (autocast or half-precision weights) avoids PyTorch's slow bf16 CPU
 kernel (:func:`sdpa`): by hand in bf16 for training, the float32 kernel for inference. On CUDA,
@@ -239,7 +240,8 @@ class MultiheadAttention(nn.Module):
             out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
             if weights is not None:
                 weights = weights.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
-        if self.head_mask is not None:
-            out = out * self.head_mask.to(out.dtype)[:, None, None]  # (B, H, Tq, Dh)
+        if self.head_mask is not None:  # (H,), or (B, H): one gate per sentence and head
+            gates = self.head_mask.to(out.dtype).view(-1, self.num_heads, 1, 1)  # (1 or B, H, 1, 1)
+            out = out * gates  # (B, H, Tq, Dh)
         out = out.transpose(1, 2).reshape(B, Tq, self.d_model)  # merge heads: (B, Tq, H * Dh)
         return self.out_proj(out), weights
