@@ -123,7 +123,7 @@ def test_pruned_models_score_as_ours(kv_heads, tmp_path) -> None:
     """CTranslate2 has one head count per stack: the removed heads go back in as zeros."""
     full = random_model(num_kv_heads=kv_heads)
     heads = [("encoder_self", 0, 0), ("encoder_self", 0, 1), ("cross", 1, 2), ("cross", 1, 3)]
-    heads += [("decoder_self", 0, h) for h in range(4)]  # a layer left with no heads
+    heads += [(kind, 0, h) for kind in ("decoder_self", "cross") for h in range(4)]  # none left
     model = prune_model(full, heads)
     export.save_spec(export.transformer_spec(model, VOCAB, VOCAB), tmp_path)
     pairs = random_pairs()

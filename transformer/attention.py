@@ -182,7 +182,7 @@ class MultiheadAttention(nn.Module):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output: (B, S, kv_dim) -> 2 x (B, Hkv, S, Dh)."""
-        k, v = self.kv_proj(memory).split(self.kv_width, dim=-1)
+        k, v = self.kv_proj(memory).split([self.kv_width, self.kv_width], dim=-1)
         return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
 
     def forward(
