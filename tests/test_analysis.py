@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
@@ -22,6 +23,7 @@ from transformer.analysis.heads import (
 )
 from transformer.analysis.maps import SentenceMaps, capture, capture_probes, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.analysis.roles import ROLES, head_roles
 from transformer.analysis.stats import head_stats
 from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
 from transformer.decoding import DecodeOptions
@@ -235,3 +237,48 @@ def test_spearman_with_ties_equals_a_brute_force_computation() -> None:
             if len(set(a.tolist())) < 2 or len(set(b.tolist())) < 2:
                 continue
             assert spearman(a, b) == pytest.approx(brute_force_spearman(a.tolist(), b.tolist()))
+
+
+def one_hot_rows(keys: list[int], width: int) -> torch.Tensor:
+    """Rows that put all weight on one key each: (len(keys), width)."""
+    return torch.eye(width)[keys]
+
+
+def test_roles_of_constructed_heads() -> None:
+    T = 6  # source: 5 pieces + eos; decoder input: bos + 3 pieces
+    src, tgt_in = [5, 6, 7, 8, 9, EOS_ID], [BOS_ID, 10, 11, 12]
+    other = 0.7 * one_hot_rows([(i + 3) % T for i in range(T)], T)
+    other += 0.3 * one_hot_rows([(i + 2) % T for i in range(T)], T)
+    encoder = torch.stack([
+        torch.eye(T),  # same
+        one_hot_rows([0, *range(T - 1)], T),  # previous
+        one_hot_rows([*range(1, T), T - 1], T),  # next
+        one_hot_rows([T - 1] * T, T),  # boundary: eos
+        torch.full((T, T), 1 / T),  # broad: entropy log 6 = 1.79 nats
+        torch.zeros(T, T),  # removed
+        other,  # 0.7 and 0.3 on two keys, none of the above
+    ])[None]  # fmt: skip
+    aligned = one_hot_rows([2, 4, 0, 1], T)  # the consensus: off the diagonal everywhere
+    cross = torch.stack(
+        [aligned, aligned, aligned, one_hot_rows([0, 1, 2, 3], T), one_hot_rows([T - 1] * 4, T)]
+    )[None]
+    sentence = SentenceMaps(src, tgt_in, {"encoder_self": encoder, "cross": cross})
+    stats = {kind: head_stats([sentence], kind) for kind in ("encoder_self", "cross")}
+    assert stats["cross"]["agreement"][0].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    roles = head_roles(stats)
+    assert roles["encoder_self"] == [
+        ["same", "previous", "next", "boundary", "broad", "removed", "other"]
+    ]
+    assert roles["cross"] == [["alignment", "alignment", "alignment", "diagonal", "boundary"]]
+    assert {r for layer in [*roles["encoder_self"], *roles["cross"]] for r in layer} == set(ROLES)
+
+
+def test_roles_are_written_beside_the_statistics(tmp_path) -> None:
+    model = tiny_model(64)
+    srcs, tgts = sentences()
+    stats, _ = write_stats(model, srcs, tgts, tmp_path, ATTENTION_TYPES)
+    roles = json.loads((tmp_path / "roles.json").read_text())
+    assert roles == head_roles(stats)
+    table = (tmp_path / "roles.md").read_text()
+    role = roles["cross"][1][2]
+    assert f"| cross | 1 | 2 | {role} | " in table
