@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 import torch
+import torch.nn.functional as F
 
 from tests.tiny import tiny_model
 from transformer.analysis import plots
 from transformer.analysis.callback import AttentionMapsCallback
-from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
+from transformer.analysis.heads import (
+    HeadEvaluator,
+    average_ranks,
+    gradient_importance,
+    head_importance,
+    prune_greedily,
+    spearman,
+    write_report,
+)
 from transformer.analysis.maps import SentenceMaps, capture, capture_probes, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.analysis.roles import ROLES, head_roles
 from transformer.analysis.stats import head_stats
 from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
 from transformer.decoding import DecodeOptions
@@ -128,14 +139,27 @@ def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_pa
     ]
     assert all(s.delta_loss != 0.0 for s in scores)  # every head matters a little
     assert all(m.head_mask is None for k in ATTENTION_TYPES for m in model.attention_modules(k))
+    assert all(s.gradient is None for s in scores)
     points = prune_greedily(evaluator, scores, step=0.5)
     assert [p.heads_left for p in points] == [6, 3, 1]
     assert points[0].loss == pytest.approx(baseline[0])
     result = write_report(tmp_path, baseline, scores, points, len(sources))
-    assert len(result["heads"]) == 6
+    assert len(result["heads"]) == 6 and result["spearman_mask_gradient"] is None
     for name in ("heads_importance.png", "heads_pruning.png"):
         assert (tmp_path / name).read_bytes()[:8] == PNG
     assert "| heads left | share | loss | BLEU |" in (tmp_path / "heads.md").read_text()
+    _, both = head_importance(evaluator, "both")
+    gradients = gradient_importance(evaluator)
+    assert [s.delta_loss for s in both] == [s.delta_loss for s in scores]
+    assert [s.gradient for s in both] == [gradients[(s.kind, s.layer, s.head)] for s in both]
+    result = write_report(tmp_path, baseline, both, points, len(sources))
+    rho = spearman(
+        *(torch.tensor([getattr(s, m) for s in both]) for m in ("delta_loss", "gradient"))
+    )
+    assert result["spearman_mask_gradient"] == pytest.approx(rho)
+    assert f"gradient importance: {rho:+.3f} over 6 heads" in (tmp_path / "heads.md").read_text()
+    _, by_gradient = head_importance(evaluator, "gradient")
+    assert all(s.delta_loss is None and s.gradient is not None for s in by_gradient)
 
 
 def test_callback_options_are_checked(tmp_path) -> None:
@@ -145,3 +169,116 @@ def test_callback_options_are_checked(tmp_path) -> None:
         AttentionMapsCallback(tmp_path, sentences=["a", "b"], references=["x"])
     with pytest.raises(ValueError, match="every_n_validations must be >= 1"):
         AttentionMapsCallback(tmp_path, every_n_validations=0)
+
+
+def test_gradient_importance_is_the_finite_difference_derivative_per_sentence(tokenizers) -> None:
+    src_tok, tgt_tok = tokenizers
+    model = tiny_model(64, num_kv_heads=2).double()
+    sources = ["a dog runs in the park", "the man sits", "a red car"]
+    refs = ["ein hund läuft im park", "der mann sitzt", "ein rotes auto"]
+    evaluator = HeadEvaluator(Translator(model, src_tok, tgt_tok), sources, refs, DecodeOptions())
+    scores = gradient_importance(evaluator)
+    pairs = []  # (source + eos, bos + target, target + eos), one sentence each, unpadded
+    for source, ref in zip(sources, refs, strict=True):
+        tgt = [BOS_ID, *tgt_tok.encode(ref), EOS_ID]
+        src = [*src_tok.encode(source), EOS_ID]
+        pairs.append((torch.tensor([src]), torch.tensor([tgt[:-1]]), torch.tensor([tgt[1:]])))
+
+    def sentence_loss(kind: str, layer: int, head: int, gate: float, pair) -> float:
+        mask = torch.ones(4, dtype=torch.float64)
+        mask[head] = gate
+        model.clear_head_masks()
+        model.attention_modules(kind)[layer].head_mask = mask  # float64 (set_head_mask: float32)
+        src, tgt_in, labels = pair
+        with torch.no_grad():
+            return float(F.cross_entropy(model(src, tgt_in)[0], labels[0]))
+
+    eps = 1e-5
+    for (kind, layer, head), value in scores.items():
+        derivatives = [
+            (sentence_loss(kind, layer, head, 1 + eps, pair)
+             - sentence_loss(kind, layer, head, 1 - eps, pair)) / (2 * eps)
+            for pair in pairs
+        ]  # fmt: skip
+        assert value == pytest.approx(sum(map(abs, derivatives)) / len(pairs), rel=1e-6, abs=1e-10)
+    model.clear_head_masks()
+    normalized = gradient_importance(evaluator, normalize=True)
+    for kind in ATTENTION_TYPES:
+        for layer in range(2):
+            raw = torch.tensor([scores[(kind, layer, h)] for h in range(4)])
+            torch.testing.assert_close(
+                torch.tensor([normalized[(kind, layer, h)] for h in range(4)]), raw / raw.norm()
+            )
+    assert all(m.head_mask is None for k in ATTENTION_TYPES for m in model.attention_modules(k))
+
+
+def brute_force_spearman(x: list[float], y: list[float]) -> float:
+    """Average ranks by counting, then Pearson's formula."""
+
+    def ranks(v: list[float]) -> list[float]:
+        return [1 + sum(w < a for w in v) + (sum(w == a for w in v) - 1) / 2 for a in v]
+
+    rx, ry = ranks(x), ranks(y)
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
+    return cov / math.sqrt(sum((a - mx) ** 2 for a in rx) * sum((b - my) ** 2 for b in ry))
+
+
+def test_spearman_with_ties_equals_a_brute_force_computation() -> None:
+    assert average_ranks(torch.tensor([3.0, 1.0, 3.0, 2.0, 3.0])).tolist() == [4, 1, 4, 2, 4]
+    x = torch.tensor([0.1, 0.5, 0.2, 0.9])
+    assert spearman(x, x * 10) == pytest.approx(1.0)
+    assert spearman(x, -x) == pytest.approx(-1.0)
+    assert spearman(x, torch.ones(4)) is None
+    generator = torch.Generator().manual_seed(0)
+    for n in (2, 5, 12, 40):
+        for _ in range(5):
+            a, b = (torch.randint(0, 4, (n,), generator=generator).double() for _ in range(2))
+            if len(set(a.tolist())) < 2 or len(set(b.tolist())) < 2:
+                continue
+            assert spearman(a, b) == pytest.approx(brute_force_spearman(a.tolist(), b.tolist()))
+
+
+def one_hot_rows(keys: list[int], width: int) -> torch.Tensor:
+    """Rows that put all weight on one key each: (len(keys), width)."""
+    return torch.eye(width)[keys]
+
+
+def test_roles_of_constructed_heads() -> None:
+    T = 6  # source: 5 pieces + eos; decoder input: bos + 3 pieces
+    src, tgt_in = [5, 6, 7, 8, 9, EOS_ID], [BOS_ID, 10, 11, 12]
+    other = 0.7 * one_hot_rows([(i + 3) % T for i in range(T)], T)
+    other += 0.3 * one_hot_rows([(i + 2) % T for i in range(T)], T)
+    encoder = torch.stack([
+        torch.eye(T),  # same
+        one_hot_rows([0, *range(T - 1)], T),  # previous
+        one_hot_rows([*range(1, T), T - 1], T),  # next
+        one_hot_rows([T - 1] * T, T),  # boundary: eos
+        torch.full((T, T), 1 / T),  # broad: entropy log 6 = 1.79 nats
+        torch.zeros(T, T),  # removed
+        other,  # 0.7 and 0.3 on two keys, none of the above
+    ])[None]  # fmt: skip
+    aligned = one_hot_rows([2, 4, 0, 1], T)  # the consensus: off the diagonal everywhere
+    cross = torch.stack(
+        [aligned, aligned, aligned, one_hot_rows([0, 1, 2, 3], T), one_hot_rows([T - 1] * 4, T)]
+    )[None]
+    sentence = SentenceMaps(src, tgt_in, {"encoder_self": encoder, "cross": cross})
+    stats = {kind: head_stats([sentence], kind) for kind in ("encoder_self", "cross")}
+    assert stats["cross"]["agreement"][0].tolist() == [1.0, 1.0, 1.0, 0.0, 0.0]
+    roles = head_roles(stats)
+    assert roles["encoder_self"] == [
+        ["same", "previous", "next", "boundary", "broad", "removed", "other"]
+    ]
+    assert roles["cross"] == [["alignment", "alignment", "alignment", "diagonal", "boundary"]]
+    assert {r for layer in [*roles["encoder_self"], *roles["cross"]] for r in layer} == set(ROLES)
+
+
+def test_roles_are_written_beside_the_statistics(tmp_path) -> None:
+    model = tiny_model(64)
+    srcs, tgts = sentences()
+    stats, _ = write_stats(model, srcs, tgts, tmp_path, ATTENTION_TYPES)
+    roles = json.loads((tmp_path / "roles.json").read_text())
+    assert roles == head_roles(stats)
+    table = (tmp_path / "roles.md").read_text()
+    role = roles["cross"][1][2]
+    assert f"| cross | 1 | 2 | {role} | " in table

@@ -163,6 +163,7 @@ def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     result = evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.prune_step=0.5"],
                                tmp_path / "heads"))  # fmt: skip
     assert len(result["heads"]) == 3 * 1 * 2  # types x layers x heads
+    assert result["importance"] == "both" and all(h["gradient"] > 0 for h in result["heads"])
     assert [p["heads_left"] for p in result["pruning"]] == [6, 3, 1]
     written = json.loads((tmp_path / "heads" / "heads.json").read_text())
     assert written["baseline"] == result["baseline"]
@@ -174,3 +175,6 @@ def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     assert (maps / "stats_encoder_self.png").is_file() and (maps / "samples.md").is_file()
     with pytest.raises(ValueError, match="analysis=head: choose one of heads, maps, or null"):
         evaluate(eval_cfg([*common, "analysis=head"], tmp_path / "bad"))
+    with pytest.raises(ValueError, match="importance=grad: choose one of mask, gradient, both"):
+        evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.importance=grad"],
+                          tmp_path / "bad"))  # fmt: skip

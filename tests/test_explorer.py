@@ -19,6 +19,7 @@ import torch
 from tests.tiny import tiny_model
 from transformer.analysis import explorer
 from transformer.analysis.maps import capture_probes, translate_probes
+from transformer.analysis.roles import head_roles
 from transformer.analysis.stats import STATS, head_stats
 from transformer.analysis.trends import TREND_COLUMNS, trend_charts, trend_rows
 from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
@@ -43,12 +44,16 @@ def run(tokenizer):
     captured = capture_probes(model, probes)
     records = []
     for step in (3, 6):
-        stats = {kind: head_stats(captured["reference"], kind) for kind in ATTENTION_TYPES}
+        stats = run_stats(captured)
         record = explorer.validation_record(
             step, probes, captured, stats, tokenizer, tokenizer, ATTENTION_TYPES
         )
         records.append(record)
     return probes, captured, records
+
+
+def run_stats(captured) -> dict:
+    return {kind: head_stats(captured["reference"], kind) for kind in ATTENTION_TYPES}
 
 
 def embedded(page: str) -> dict:
@@ -144,7 +149,8 @@ def drawn(dom: str) -> tuple[str, list[float]]:
 def test_browser_draws_the_chosen_view_and_merges_words_as_stated(run, tmp_path) -> None:
     _, captured, records = run
     page = explorer.write_page(records, tmp_path / "explorer.html")
-    state, cells = drawn(browse(page, "type=cross&layer=1&head=2&target=reference&units=words"))
+    dom = browse(page, "type=cross&layer=1&head=2&target=reference&units=words")
+    state, cells = drawn(dom)
     assert state == "step 6|a dog runs in the park|cross|reference|words|1|2"
     record = records[1]
     src_words, tgt_words = (
@@ -159,6 +165,9 @@ def test_browser_draws_the_chosen_view_and_merges_words_as_stated(run, tmp_path)
     ])  # fmt: skip
     assert len(set(src_words)) < len(src_words)  # some words have several pieces
     np.testing.assert_allclose(np.array(cells).reshape(brute.shape), brute, atol=1e-4)
+    role = record["roles"]["cross"][1][2]  # shown in the panel's title and the head choices
+    assert record["roles"] == head_roles(run_stats(captured))
+    assert f"layer 1, head 2 ({role})" in dom and f">2: {role}</option>" in dom
     state, cells = drawn(browse(page, "type=decoder_self&layer=0&head=all&step=0&probe=1"))
     assert state == "step 3|the red car|decoder_self|reference|pieces|0|all"
     (tgt_len,) = {len(r["targets"]["reference"]["pieces"]) for r in record["probes"][1:]}

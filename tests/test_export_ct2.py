@@ -28,6 +28,7 @@ from transformer.export import ct2 as export
 from transformer.export import ct2_translate
 from transformer.export.__main__ import main as export_main
 from transformer.export.ct2_translate import CT2Translator
+from transformer.prune import prune_model
 from transformer.translate import Translator
 
 ctranslate2 = pytest.importorskip(
@@ -117,6 +118,19 @@ def test_score_batch_equals_our_teacher_forced_log_probs(options, tmp_path) -> N
         assert (theirs - ours).abs().max() < 1e-4
 
 
+@pytest.mark.parametrize("kv_heads", [None, 2], ids=["multi-head", "grouped-query"])
+def test_pruned_models_score_as_ours(kv_heads, tmp_path) -> None:
+    """CTranslate2 has one head count per stack: the removed heads go back in as zeros."""
+    full = random_model(num_kv_heads=kv_heads)
+    heads = [("encoder_self", 0, 0), ("encoder_self", 0, 1), ("cross", 1, 2), ("cross", 1, 3)]
+    heads += [(kind, 0, h) for kind in ("decoder_self", "cross") for h in range(4)]  # none left
+    model = prune_model(full, heads)
+    export.save_spec(export.transformer_spec(model, VOCAB, VOCAB), tmp_path)
+    pairs = random_pairs()
+    for (src, tgt), theirs in zip(pairs, ct2_log_probs(tmp_path, pairs), strict=True):
+        assert (theirs - ours_log_probs(model, src, tgt)).abs().max() < 1e-4
+
+
 def test_ctranslate2s_own_position_table_is_not_ours(tmp_path) -> None:
     """Why the table is exported: CTranslate2's built-in sinusoids (from position 1, sin and cos
     in halves) score differently."""
@@ -150,7 +164,7 @@ def test_unmapped_option_and_head_masks_are_refused_by_name(monkeypatch) -> None
         export.transformer_spec(model, VOCAB, VOCAB)
     monkeypatch.undo()
     model.set_head_mask("cross", 1, torch.tensor([1.0, 0.0, 1.0, 1.0]))
-    with pytest.raises(ConfigError, match="cross attention of layer 1 has a head mask"):
+    with pytest.raises(ConfigError, match="cross attention of layer 1 has a head mask.*prune"):
         export.transformer_spec(model, VOCAB, VOCAB)
 
 

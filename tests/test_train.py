@@ -98,6 +98,7 @@ MODEL_KEYS = {
     "num_kv_heads": None, "attention_dropout": 0.0, "activation_dropout": 0.0,
     "activation": "relu", "norm_first": True, "bias": True, "layer_norm_eps": 1e-5,
     "tie_output_embeddings": True, "share_all_embeddings": "${data.joint_vocab}", "pad_id": 0,
+    "heads_per_layer": None,
 }  # fmt: skip
 MODEL_SHAPES = {  # d_model, num_heads, encoder and decoder layers, d_ff, dropout, max_positions
     "tiny": (64, 4, 2, 2, 128, 0.1, 256),

@@ -7,6 +7,7 @@ them; it computes the same numbers and doubles as the reference in tests.
 
 A head mask (``head_mask``, (H,) floats, None by default) scales each head's output before the
 output projection, in both kernels: 0 silences a head (Michel et al. 2019). None costs nothing.
+A (B, H) mask gates each sentence's heads apart: a gradient with respect to it is per sentence.
 
 On CPU, bf16/fp16 attention (autocast or half-precision weights) avoids PyTorch's slow bf16 CPU
 kernel (:func:`sdpa`): by hand in bf16 for training, the float32 kernel for inference. On CUDA,
@@ -18,6 +19,7 @@ call runs the memory-efficient kernel rather than the math fallback.
 from __future__ import annotations
 
 import math
+import warnings
 
 import torch
 import torch.nn.functional as F
@@ -113,7 +115,9 @@ class MultiheadAttention(nn.Module):
     Self-attention (``cross=False``) projects its one input with a single fused QKV matrix;
     cross-attention (``cross=True``) projects queries from the decoder stream and keys/values with
     one fused KV matrix from the encoder output. ``q_dim`` and ``kv_dim`` let inputs be wider or
-    narrower than ``d_model``; the output is always ``d_model`` wide.
+    narrower than ``d_model``; the output is always ``d_model`` wide. ``head_dim`` (default
+    ``d_model / num_heads``) set apart from the head count gives a pruned module: ``num_heads``
+    heads of ``head_dim`` each, ``num_heads * head_dim`` wide inside (0 heads: the output bias).
     """
 
     def __init__(
@@ -127,39 +131,48 @@ class MultiheadAttention(nn.Module):
         kv_dim: int | None = None,
         dropout: float = 0.0,
         bias: bool = True,
+        head_dim: int | None = None,
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
-        check_heads(d_model, num_heads, num_kv_heads)
+        if head_dim is None:
+            check_heads(d_model, num_heads, num_kv_heads)
+            head_dim = d_model // num_heads
+        elif (num_heads == 0) != (num_kv_heads == 0) or (num_kv_heads and num_heads % num_kv_heads):
+            raise ValueError(f"num_kv_heads={num_kv_heads} does not divide num_heads={num_heads}")
         if kv_dim is not None and not cross:
             raise ValueError("kv_dim is for cross-attention; self-attention has one input, q_dim")
         q_dim = q_dim or d_model
         kv_dim = kv_dim or d_model
         self.d_model, self.num_heads, self.num_kv_heads = d_model, num_heads, num_kv_heads
-        self.head_dim = d_model // num_heads
-        self.kv_width = num_kv_heads * self.head_dim
+        self.head_dim = head_dim
+        self.q_width = num_heads * head_dim  # = d_model unless pruned
+        self.kv_width = num_kv_heads * head_dim
         self.cross = cross
         self.dropout = dropout
-        if cross:
-            self.q_proj = nn.Linear(q_dim, d_model, bias=bias)
-            self.kv_proj = nn.Linear(kv_dim, 2 * self.kv_width, bias=bias)
-        else:
-            self.qkv_proj = nn.Linear(q_dim, d_model + 2 * self.kv_width, bias=bias)
-        self.out_proj = nn.Linear(d_model, d_model, bias=bias)
+        with warnings.catch_warnings():  # a module pruned to no heads has empty matrices
+            warnings.filterwarnings("ignore", "Initializing zero-element tensors")
+            if cross:
+                self.q_proj = nn.Linear(q_dim, self.q_width, bias=bias)
+                self.kv_proj = nn.Linear(kv_dim, 2 * self.kv_width, bias=bias)
+            else:
+                self.qkv_proj = nn.Linear(q_dim, self.q_width + 2 * self.kv_width, bias=bias)
+            self.out_proj = nn.Linear(self.q_width, d_model, bias=bias)
         # (H,) per-head output scale; not saved in checkpoints, follows the module's device.
         self.register_buffer("head_mask", None, persistent=False)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
         """Xavier-uniform on each Q, K, V and output matrix (as if unfused); zero biases."""
-        d, kv = self.d_model, self.kv_width
+        q, kv = self.q_width, self.kv_width
         if self.cross:
-            blocks = [(self.q_proj, [d]), (self.kv_proj, [kv, kv])]
+            blocks = [(self.q_proj, [q]), (self.kv_proj, [kv, kv])]
         else:
-            blocks = [(self.qkv_proj, [d, kv, kv])]
-        for linear, rows in (*blocks, (self.out_proj, [d])):
+            blocks = [(self.qkv_proj, [q, kv, kv])]
+        for linear, rows in (*blocks, (self.out_proj, [self.d_model])):
             for block in linear.weight.data.split(rows, dim=0):
-                nn.init.xavier_uniform_(block)
+                if block.numel():  # a pruned module may have no heads
+                    nn.init.xavier_uniform_(block)
             if linear.bias is not None:
                 nn.init.zeros_(linear.bias)
 
@@ -169,7 +182,7 @@ class MultiheadAttention(nn.Module):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output: (B, S, kv_dim) -> 2 x (B, Hkv, S, Dh)."""
-        k, v = self.kv_proj(memory).split(self.kv_width, dim=-1)
+        k, v = self.kv_proj(memory).split([self.kv_width, self.kv_width], dim=-1)
         return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
 
     def forward(
@@ -203,7 +216,7 @@ class MultiheadAttention(nn.Module):
                 if cache is not None:
                     cache.append(k, v)
         else:
-            q, k, v = self.qkv_proj(x).split([self.d_model, self.kv_width, self.kv_width], dim=-1)
+            q, k, v = self.qkv_proj(x).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
             q = self._heads(q, self.num_heads)  # (B, H, Tq, Dh)
             k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
             if cache is not None:
@@ -239,7 +252,8 @@ class MultiheadAttention(nn.Module):
             out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
             if weights is not None:
                 weights = weights.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
-        if self.head_mask is not None:
-            out = out * self.head_mask.to(out.dtype)[:, None, None]  # (B, H, Tq, Dh)
-        out = out.transpose(1, 2).reshape(B, Tq, self.d_model)  # merge heads: (B, Tq, H * Dh)
+        if self.head_mask is not None:  # (H,), or (B, H): one gate per sentence and head
+            gates = self.head_mask.to(out.dtype)
+            out = out * gates.reshape(*gates.shape, 1, 1)  # (B, H, Tq, Dh)
+        out = out.transpose(1, 2).reshape(B, Tq, self.q_width)  # merge heads: (B, Tq, H * Dh)
         return self.out_proj(out), weights

@@ -171,6 +171,14 @@ def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
     return models
 
 
+def read_model_config(path: str | os.PathLike) -> dict[str, Any] | None:
+    """The model config a checkpoint records (``hyper_parameters.model``), or None; the weights
+    are memory-mapped, not read."""
+    ckpt = _torch_load(Path(path), mmap=True)
+    model = ckpt.get("hyper_parameters", {}).get("model") if isinstance(ckpt, dict) else None
+    return model if isinstance(model, dict) else None
+
+
 def tokenizers_from_checkpoint(
     ckpt: dict[str, Any], path: str | os.PathLike
 ) -> tuple[Tokenizer, Tokenizer]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
+ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+
 
 @dataclass
 class TransformerConfig:
@@ -27,6 +29,10 @@ class TransformerConfig:
     tie_output_embeddings: bool = True  # decoder input embedding = output projection (Press & Wolf)
     share_all_embeddings: bool = False  # one embedding for source and target: needs a joint vocab
     pad_id: int = 0  # must agree with the tokenizer's; its embedding row starts at zero
+    # query heads left in each layer of each attention type ({"encoder_self": [8, 5, ...],
+    # "decoder_self": [...], "cross": [...]}) by ``python -m transformer.prune``; None =
+    # num_heads everywhere. Heads keep head_dim = d_model / num_heads; 0 heads leave the bias.
+    heads_per_layer: dict[str, list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.num_kv_heads is None:
@@ -56,6 +62,43 @@ class TransformerConfig:
         for name in ("src_vocab_size", "tgt_vocab_size"):
             if not 0 <= self.pad_id < getattr(self, name):
                 raise ValueError(f"pad_id={self.pad_id} is outside {name}={getattr(self, name)}")
+        if self.heads_per_layer is not None:
+            self._check_heads_per_layer(self.heads_per_layer)
+
+    def _check_heads_per_layer(self, given: dict[str, list[int]]) -> None:
+        if set(given) != set(ATTENTION_TYPES):
+            raise ValueError(
+                f"heads_per_layer has the attention types {sorted(given)}; it needs exactly "
+                f"{', '.join(ATTENTION_TYPES)}, each a list of head counts, one per layer"
+            )
+        group = self.num_heads // self.num_kv_heads
+        for kind in ATTENTION_TYPES:
+            counts, layers = list(given[kind]), self.num_layers(kind)
+            if len(counts) != layers:
+                raise ValueError(
+                    f"heads_per_layer.{kind} has {len(counts)} entries for {layers} layers"
+                )
+            for layer, count in enumerate(counts):
+                if isinstance(count, bool) or not isinstance(count, int):
+                    raise ValueError(f"heads_per_layer.{kind}[{layer}]={count!r} is not a count")
+                if not 0 <= count <= self.num_heads or count % group:
+                    raise ValueError(
+                        f"heads_per_layer.{kind}[{layer}]={count} must be a multiple of "
+                        f"num_heads/num_kv_heads={group} (grouped-query attention keeps or "
+                        f"removes whole key/value groups) between 0 and num_heads={self.num_heads}"
+                    )
+
+    def num_layers(self, kind: str) -> int:
+        """The number of layers that have attention of type ``kind`` (``ATTENTION_TYPES``)."""
+        if kind not in ATTENTION_TYPES:
+            raise ValueError(f"unknown attention type {kind!r}; one of {ATTENTION_TYPES}")
+        return self.num_encoder_layers if kind == "encoder_self" else self.num_decoder_layers
+
+    def layer_heads(self, kind: str) -> list[int]:
+        """Query heads in each layer of one attention type (all ``num_heads`` unless pruned)."""
+        if self.heads_per_layer is None:
+            return [self.num_heads] * self.num_layers(kind)
+        return list(self.heads_per_layer[kind])
 
     @property
     def head_dim(self) -> int:

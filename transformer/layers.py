@@ -48,10 +48,13 @@ class Residual(nn.Module):
         return self.norm(x + self.dropout(y)), weights
 
 
-def _attention(cfg: TransformerConfig, cross: bool = False) -> MultiheadAttention:
+def _attention(cfg: TransformerConfig, kind: str, layer: int) -> MultiheadAttention:
+    """Layer ``layer``'s attention of type ``kind``, with its heads (fewer where pruned)."""
+    heads = cfg.layer_heads(kind)[layer]
+    kv_heads = heads // (cfg.num_heads // cfg.num_kv_heads)
     return MultiheadAttention(
-        cfg.d_model, cfg.num_heads, cfg.num_kv_heads, cross=cross,
-        dropout=cfg.attention_dropout, bias=cfg.bias,
+        cfg.d_model, heads, kv_heads, cross=kind == "cross", dropout=cfg.attention_dropout,
+        bias=cfg.bias, head_dim=cfg.head_dim,
     )  # fmt: skip
 
 
@@ -61,9 +64,9 @@ def _final_norm(cfg: TransformerConfig) -> nn.Module:
 
 
 class EncoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = _attention(cfg)
+        self.self_attn = _attention(cfg, "encoder_self", layer)
         self.ffn = FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
@@ -76,10 +79,10 @@ class EncoderLayer(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    def __init__(self, cfg: TransformerConfig) -> None:
+    def __init__(self, cfg: TransformerConfig, layer: int = 0) -> None:
         super().__init__()
-        self.self_attn = _attention(cfg)
-        self.cross_attn = _attention(cfg, cross=True)
+        self.self_attn = _attention(cfg, "decoder_self", layer)
+        self.cross_attn = _attention(cfg, "cross", layer)
         self.ffn = FeedForward(cfg)
         self.self_block, self.cross_block = Residual(cfg), Residual(cfg)
         self.ffn_block = Residual(cfg)
@@ -115,7 +118,7 @@ class DecoderLayer(nn.Module):
 class Encoder(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(EncoderLayer(cfg) for _ in range(cfg.num_encoder_layers))
+        self.layers = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.num_encoder_layers))
         self.norm = _final_norm(cfg)
 
     def forward(
@@ -132,7 +135,7 @@ class Encoder(nn.Module):
 class Decoder(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.layers = nn.ModuleList(DecoderLayer(cfg) for _ in range(cfg.num_decoder_layers))
+        self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_decoder_layers))
         self.norm = _final_norm(cfg)
 
     def forward(

@@ -13,7 +13,7 @@ import torch
 from torch import Tensor, nn
 
 from transformer.attention import MultiheadAttention
-from transformer.config import TransformerConfig
+from transformer.config import ATTENTION_TYPES, TransformerConfig
 from transformer.embedding import TransformerEmbedding
 from transformer.kv_cache import DecoderCache
 from transformer.layers import Decoder, Encoder
@@ -27,9 +27,6 @@ class AttentionMaps:
     encoder_self: list[Tensor] = field(default_factory=list)
     decoder_self: list[Tensor] = field(default_factory=list)
     cross: list[Tensor] = field(default_factory=list)
-
-
-ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 
 
 class Transformer(nn.Module):

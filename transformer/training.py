@@ -24,7 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
 from transformer.atomic import AtomicCheckpointIO
-from transformer.checkpoints import read_tokenizer_models
+from transformer.checkpoints import read_model_config, read_tokenizer_models
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
 
@@ -104,6 +104,23 @@ def _instantiate_group(group: DictConfig | None, **kwargs: Any) -> list[Any]:
     return [instantiate(c, **kwargs) for c in group.values() if c is not None and "_target_" in c]
 
 
+def adopt_pruned_heads(cfg: DictConfig) -> None:
+    """A checkpoint pruned by ``python -m transformer.prune`` has fewer heads in some layers: a
+    run resumed from it takes the checkpoint's ``model.heads_per_layer`` (given, it must agree)."""
+    stored = (read_model_config(cfg.ckpt_path) or {}).get("heads_per_layer")
+    given = cfg.model.get("heads_per_layer")
+    given = None if given is None else OmegaConf.to_container(given)
+    if stored is None or given == stored:
+        return
+    if given is not None:
+        raise ConfigError(
+            f"model.heads_per_layer={given} differs from the heads of ckpt_path={cfg.ckpt_path} "
+            f"({stored}); leave model.heads_per_layer null to take the checkpoint's"
+        )
+    cfg.model.heads_per_layer = stored
+    log.info("%s is pruned: model.heads_per_layer=%s", cfg.ckpt_path, stored)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
     model_cfg = checks.validate_config(cfg)  # before any data work
@@ -111,6 +128,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
     if cfg.get("ckpt_path"):  # resume with the tokenizers the weights were trained with
+        adopt_pruned_heads(cfg)
         models = read_tokenizer_models(cfg.ckpt_path)
         if models is None:
             log.warning("%s holds no tokenizers: the data's own are used", cfg.ckpt_path)

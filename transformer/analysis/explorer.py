@@ -22,6 +22,7 @@ import torch
 from torch import Tensor
 
 from transformer.analysis.maps import Probes, SentenceMaps
+from transformer.analysis.roles import head_roles
 from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 
 LEVELS = 100  # weights are stored rounded to 0.01, one byte each
@@ -64,7 +65,7 @@ def validation_record(
 ) -> dict:
     """One validation for the page (``step`` None: a checkpoint outside training): the probes'
     maps (``captured``: target -> one :class:`SentenceMaps` per probe; axes cut to
-    ``max_pieces``) and the head statistics ({type: {stat: (L, H)}})."""
+    ``max_pieces``), the head statistics ({type: {stat: (L, H)}}) and the heads' roles."""
     chunks: list[bytes] = []
     maps: list[dict] = []
     offset = 0
@@ -93,8 +94,8 @@ def validation_record(
         for kind, values in stats.items()
     }  # fmt: skip
     blob = base64.b64encode(zlib.compress(b"".join(chunks), 9)).decode("ascii")
-    return {"step": step, "levels": LEVELS, "types": list(types), "probes": entries,
-            "maps": maps, "weights": blob, "stats": rounded}  # fmt: skip
+    return {"step": step, "levels": LEVELS, "types": list(types), "probes": entries, "maps": maps,
+            "weights": blob, "stats": rounded, "roles": head_roles(stats)}  # fmt: skip
 
 
 def save_record(record: dict, step_dir: Path) -> Path:

@@ -1,10 +1,17 @@
-"""Head importance by masking (Michel et al. 2019, "Are Sixteen Heads Really Better than One?").
+"""Head importance (Michel et al. 2019, "Are Sixteen Heads Really Better than One?").
 
-Each head of each attention module is masked in turn (the rest kept) and the change in
-teacher-forced loss and in greedy BLEU is measured on the given pairs. Heads are then pruned
-greedily, least important (smallest loss increase) first, and BLEU is measured against the share
-of heads left. Results: ``heads.json``, ``heads.md``, ``heads_importance.png``,
-``heads_pruning.png``.
+Two measures, ``importance=mask|gradient|both``:
+
+* mask: each head of each attention module is masked in turn (the rest kept) and the change in
+  teacher-forced loss and in greedy BLEU is measured on the given pairs;
+* gradient: the paper's proxy I_h = E_x |dL(x)/d xi_h|, the gradient of each sentence's loss with
+  respect to a gate xi_h = 1 on head h's output, from one backward pass per batch (optionally
+  divided by the l2 norm of its layer's scores, as the paper does before pruning).
+
+With both, the Spearman rank correlation of the two rankings is reported. Heads are then pruned
+greedily, least important first (by loss increase when masked, else by the gradient proxy), and
+loss and BLEU are measured against the share of heads left. Results: ``heads.json``,
+``heads.md``, ``heads_importance.png``, ``heads_pruning.png``.
 """
 
 from __future__ import annotations
@@ -16,6 +23,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from torch import Tensor
 
 from transformer.analysis import plots
 from transformer.data.collate import encode_sources, encode_targets, pad
@@ -29,15 +37,20 @@ from transformer.translate import Translator
 log = logging.getLogger(__name__)
 
 
+IMPORTANCES = ("mask", "gradient", "both")
+HeadKey = tuple[str, int, int]  # (attention type, layer, head)
+
+
 @dataclass
 class HeadScore:
     kind: str
     layer: int
     head: int
-    loss: float  # mean NLL per target token with this head masked
-    bleu: float
-    delta_loss: float  # minus the unmasked model's
-    delta_bleu: float
+    loss: float | None = None  # mean NLL per target token with this head masked (mask)
+    bleu: float | None = None
+    delta_loss: float | None = None  # minus the unmasked model's
+    delta_bleu: float | None = None
+    gradient: float | None = None  # Michel et al.'s proxy E_x |dL(x)/d xi_h| (gradient)
 
 
 @dataclass
@@ -95,8 +108,44 @@ class HeadEvaluator:
     def score(self) -> tuple[float, float]:
         return self.loss(), self.bleu()
 
+    def gate_gradients(self) -> dict[tuple[str, int], Tensor]:
+        """Per attention module, the summed absolute gradients of each sentence's loss (mean NLL
+        per target token) with respect to gates of 1 on its heads' outputs, (H,) float64: one
+        gate per sentence and head, so one backward pass per batch gives every sentence's own
+        gradient. Divide by ``len(self.sources)`` for the mean."""
+        model, pad_id = self.model, self.model.cfg.pad_id
+        modules = {
+            (kind, layer): module
+            for kind in ATTENTION_TYPES
+            for layer, module in enumerate(model.attention_modules(kind))
+        }
+        sums = {key: torch.zeros(m.num_heads, dtype=torch.float64) for key, m in modules.items()}
+        dtype = torch.promote_types(next(model.parameters()).dtype, torch.float32)
+        try:
+            with evaluating(model), torch.enable_grad():
+                for src, tgt_in, labels in self.batches:
+                    gates = {
+                        key: torch.ones(src.size(0), m.num_heads, dtype=dtype, device=src.device,
+                                        requires_grad=True)
+                        for key, m in modules.items()
+                    }  # (B, H) each  # fmt: skip
+                    for key, module in modules.items():
+                        module.head_mask = gates[key]
+                    logits = model(src, tgt_in)  # (B, T, V)
+                    logits = logits.to(torch.promote_types(logits.dtype, torch.float32))
+                    nll = F.cross_entropy(
+                        logits.transpose(1, 2), labels, ignore_index=pad_id, reduction="none"
+                    )  # (B, T)
+                    tokens = labels.ne(pad_id).sum(1).clamp(min=1)  # (B,)
+                    grads = torch.autograd.grad((nll.sum(1) / tokens).sum(), list(gates.values()))
+                    for key, grad in zip(gates, grads, strict=True):
+                        sums[key] += grad.abs().sum(0).double().cpu()  # (H,)
+        finally:
+            model.clear_head_masks()
+        return sums
 
-def all_heads(model: Transformer) -> list[tuple[str, int, int]]:
+
+def all_heads(model: Transformer) -> list[HeadKey]:
     return [
         (kind, layer, head)
         for kind in ATTENTION_TYPES
@@ -118,28 +167,78 @@ def set_pruned(model: Transformer, pruned: list[tuple[str, int, int]]) -> None:
         model.set_head_mask(kind, layer, mask)
 
 
-def head_importance(evaluator: HeadEvaluator) -> tuple[tuple[float, float], list[HeadScore]]:
-    """(baseline loss, BLEU) and each head's score when masked alone."""
+def gradient_importance(evaluator: HeadEvaluator, normalize: bool = False) -> dict[HeadKey, float]:
+    """Michel et al.'s I_h = E_x |dL(x)/d xi_h| of every head over the evaluator's sentences;
+    ``normalize`` divides each layer's scores by their l2 norm (the paper's per-layer
+    normalisation, which makes layers comparable before a global ranking)."""
+    scores = {}
+    for (kind, layer), sums in evaluator.gate_gradients().items():
+        values = sums / max(len(evaluator.sources), 1)  # (H,)
+        if normalize:
+            values = values / values.norm().clamp(min=1e-20)
+        scores.update({(kind, layer, h): float(v) for h, v in enumerate(values)})
+    return scores
+
+
+def head_importance(
+    evaluator: HeadEvaluator, by: str = "mask", normalize: bool = False
+) -> tuple[tuple[float, float], list[HeadScore]]:
+    """(baseline loss, BLEU) and each head's scores: ``by`` is one of ``IMPORTANCES``, the
+    change in loss and BLEU when the head alone is masked, the gradient proxy, or both."""
+    if by not in IMPORTANCES:
+        raise ValueError(f"importance={by!r}: choose one of {', '.join(IMPORTANCES)}")
     model = evaluator.model
     model.clear_head_masks()
     base_loss, base_bleu = evaluator.score()
-    scores = []
-    for kind, layer, head in all_heads(model):
-        set_pruned(model, [(kind, layer, head)])
-        loss, bleu = evaluator.score()
-        scores.append(HeadScore(kind, layer, head, loss, bleu, loss - base_loss, bleu - base_bleu))
-        log.info("masked %s layer %d head %d: loss %+.4f, BLEU %+.2f", kind, layer, head,
-                 loss - base_loss, bleu - base_bleu)  # fmt: skip
-    model.clear_head_masks()
+    scores = [HeadScore(*key) for key in all_heads(model)]
+    if by != "gradient":
+        for s in scores:
+            set_pruned(model, [(s.kind, s.layer, s.head)])
+            s.loss, s.bleu = evaluator.score()
+            s.delta_loss, s.delta_bleu = s.loss - base_loss, s.bleu - base_bleu
+            log.info("masked %s layer %d head %d: loss %+.4f, BLEU %+.2f", s.kind, s.layer,
+                     s.head, s.delta_loss, s.delta_bleu)  # fmt: skip
+        model.clear_head_masks()
+    if by != "mask":
+        gradients = gradient_importance(evaluator, normalize)
+        for s in scores:
+            s.gradient = gradients[(s.kind, s.layer, s.head)]
     return (base_loss, base_bleu), scores
+
+
+def ranking(scores: list[HeadScore]) -> list[HeadKey]:
+    """Heads from least to most important: by loss increase when masked where measured, else
+    by the gradient proxy."""
+    by_mask = scores[0].delta_loss is not None
+    key = (lambda s: s.delta_loss) if by_mask else (lambda s: s.gradient)
+    return [(s.kind, s.layer, s.head) for s in sorted(scores, key=key)]
+
+
+def average_ranks(x: Tensor) -> Tensor:
+    """(n,) values -> (n,) float64 ranks 1..n, tied values sharing the mean of their ranks."""
+    order = x.argsort(stable=True)
+    _, inverse, counts = torch.unique_consecutive(x[order], return_inverse=True, return_counts=True)
+    ends = counts.cumsum(0).double()  # the last rank of each group of equal values
+    ranks = torch.empty(len(x), dtype=torch.float64)
+    ranks[order] = (ends - (counts - 1) / 2)[inverse]
+    return ranks
+
+
+def spearman(x: Tensor, y: Tensor) -> float | None:
+    """Spearman's rank correlation (the Pearson correlation of average ranks, ties included);
+    None where it is undefined (fewer than two values, or a constant one)."""
+    rx, ry = average_ranks(x), average_ranks(y)
+    rx, ry = rx - rx.mean(), ry - ry.mean()
+    denominator = float((rx.square().sum() * ry.square().sum()).sqrt())
+    return float((rx * ry).sum()) / denominator if denominator > 0 else None
 
 
 def prune_greedily(
     evaluator: HeadEvaluator, scores: list[HeadScore], step: float = 0.1
 ) -> list[PruningPoint]:
-    """Mask the least important heads first (by loss increase), a share ``step`` of all heads
+    """Mask the least important heads first (:func:`ranking`), a share ``step`` of all heads
     more at each point, down to one head; loss and BLEU at each point."""
-    order = [(s.kind, s.layer, s.head) for s in sorted(scores, key=lambda s: s.delta_loss)]
+    order = ranking(scores)
     total = len(order)
     counts = sorted({min(round(i * step * total), total - 1) for i in range(int(1 / step) + 1)})
     points = []
@@ -152,6 +251,10 @@ def prune_greedily(
     return points
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
 def write_report(
     out_dir: Path,
     baseline: tuple[float, float],
@@ -159,12 +262,20 @@ def write_report(
     points: list[PruningPoint],
     num_sentences: int,
 ) -> dict:
-    """heads.json, heads.md (table), heads_importance.png (layer x head per type: change in loss
-    and BLEU when masked), heads_pruning.png (BLEU against share of heads left)."""
+    """heads.json, heads.md (tables), heads_importance.png (layer x head per type: change in loss
+    and BLEU when masked, gradient proxy; whichever were measured), heads_pruning.png (BLEU
+    against share of heads left). With both measures, their Spearman rank correlation."""
     out_dir.mkdir(parents=True, exist_ok=True)
+    by_mask, by_gradient = scores[0].delta_loss is not None, scores[0].gradient is not None
+    rho = None
+    if by_mask and by_gradient:
+        rho = spearman(*(torch.tensor([getattr(s, m) for s in scores], dtype=torch.float64)
+                         for m in ("delta_loss", "gradient")))  # fmt: skip
     result = {
         "num_sentences": num_sentences,
         "baseline": {"loss": baseline[0], "bleu": baseline[1]},
+        "importance": "both" if by_mask and by_gradient else "mask" if by_mask else "gradient",
+        "spearman_mask_gradient": rho,
         "heads": [asdict(s) for s in scores],
         "pruning": [asdict(p) for p in points],
     }
@@ -172,31 +283,38 @@ def write_report(
     lines = [
         f"Head importance on {num_sentences} sentences: baseline loss {baseline[0]:.4f}, "
         f"BLEU {baseline[1]:.2f}.",
-        "",
-        "| type | layer | head | Δ loss | Δ BLEU |",
-        "|---|---:|---:|---:|---:|",
     ]
+    if rho is not None:
+        lines += ["", f"Spearman rank correlation of loss increase when masked and gradient "
+                      f"importance: {rho:+.3f} over {len(scores)} heads."]  # fmt: skip
     lines += [
-        f"| {s.kind} | {s.layer} | {s.head} | {s.delta_loss:+.4f} | {s.delta_bleu:+.2f} |"
-        for s in sorted(scores, key=lambda s: -s.delta_loss)
+        "",
+        "| type | layer | head | Δ loss | Δ BLEU | gradient |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    rank = {key: i for i, key in enumerate(reversed(ranking(scores)))}  # most important first
+    lines += [
+        f"| {s.kind} | {s.layer} | {s.head} | {_fmt(s.delta_loss, '+.4f')} | "
+        f"{_fmt(s.delta_bleu, '+.2f')} | {_fmt(s.gradient, '.4g')} |"
+        for s in sorted(scores, key=lambda s: rank[(s.kind, s.layer, s.head)])
     ]
     lines += ["", "| heads left | share | loss | BLEU |", "|---:|---:|---:|---:|"]
     lines += [
         f"| {p.heads_left} | {p.share_left:.2f} | {p.loss:.4f} | {p.bleu:.2f} |" for p in points
     ]
     (out_dir / "heads.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    metrics = {"delta_loss": "loss increase", "delta_bleu": "BLEU drop", "gradient": "gradient"}
     panels = {}
-    for metric in ("delta_loss", "delta_bleu"):
+    for metric, label in metrics.items():
+        if getattr(scores[0], metric) is None:
+            continue
         for kind in ATTENTION_TYPES:
             mine = [s for s in scores if s.kind == kind]
             grid = torch.zeros(max(s.layer for s in mine) + 1, max(s.head for s in mine) + 1)
             for s in mine:
                 grid[s.layer, s.head] = getattr(s, metric)
-            if metric == "delta_loss":
-                panels[f"{kind}: loss increase"] = grid
-            else:
-                panels[f"{kind}: BLEU drop"] = -grid
-    title = f"Head importance: one head masked at a time ({num_sentences} sentences)"
+            panels[f"{kind}: {label}"] = -grid if metric == "delta_bleu" else grid
+    title = f"Head importance ({result['importance']}, {num_sentences} sentences)"
     plots.save(
         plots.layer_head_heatmaps(panels, title, cmap="RdBu_r", center_zero=True),
         out_dir / "heads_importance.png",

@@ -10,6 +10,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.data.collate import encode_sources, encode_targets, pad
@@ -40,6 +41,14 @@ class SentenceMaps:
         return self.tgt_in, self.src
 
 
+def stack_layers(weights: list[Tensor]) -> Tensor:
+    """Each layer's (B, H_l, Tq, Tk) weights -> (B, L, H, Tq, Tk), H the most heads of any
+    layer: the heads a pruned layer lacks (``python -m transformer.prune``) are all-zero maps,
+    as a removed head attends nowhere."""
+    heads = max(w.size(1) for w in weights)
+    return torch.stack([F.pad(w, (0, 0, 0, 0, 0, heads - w.size(1))) for w in weights], 1)
+
+
 @torch.no_grad()
 def capture(
     model: Transformer, srcs: Sequence[list[int]], tgt_ins: Sequence[list[int]]
@@ -51,7 +60,7 @@ def capture(
     maps = AttentionMaps()
     with evaluating(model):
         model(src, tgt, attention=maps)
-    stacked = {kind: torch.stack(getattr(maps, kind), 1).float().cpu() for kind in ATTENTION_TYPES}
+    stacked = {kind: stack_layers(getattr(maps, kind)).float().cpu() for kind in ATTENTION_TYPES}
     out = []
     for i, (s, t) in enumerate(zip(srcs, tgt_ins, strict=True)):
         S, T = len(s), len(t)

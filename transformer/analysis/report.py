@@ -1,6 +1,6 @@
 """Files of one analysis pass: attention-map PNGs of the probes, head statistics (PNG, JSON,
-scalars) and sample translations (Markdown, JSON). Shared by the training callback and
-``evaluate.py analysis=maps``."""
+scalars), head roles (Markdown, JSON) and sample translations (Markdown, JSON). Shared by the
+training callback and ``evaluate.py analysis=maps``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from torch import Tensor
 
 from transformer.analysis import plots
 from transformer.analysis.maps import Probes, SentenceMaps, capture_in_batches
+from transformer.analysis.roles import ALIGNMENT, BOUNDARY, BROAD, POSITIONAL, head_roles
 from transformer.analysis.stats import STATS, head_stats
 from transformer.data.tokenizer import Tokenizer
 from transformer.model import Transformer
@@ -69,7 +70,31 @@ def write_stats(
         images[f"attn_stats/{kind}"] = [(path, title)]
     as_lists = {k: {s: v.tolist() for s, v in values.items()} for k, values in stats.items()}
     (out_dir / "stats.json").write_text(json.dumps(as_lists, indent=1) + "\n", encoding="utf-8")
+    write_roles(stats, out_dir)
     return stats, images
+
+
+def write_roles(stats: dict[str, dict[str, Tensor]], out_dir: Path) -> dict[str, list[list[str]]]:
+    """Each head's role (:mod:`transformer.analysis.roles`) beside its statistics: ``roles.md``
+    (a table) and ``roles.json`` ({type: roles layer by layer})."""
+    roles = head_roles(stats)
+    lines = [
+        "Head roles (transformer/analysis/roles.py): thresholds "
+        f"boundary >= {BOUNDARY}, alignment (cross: agreement with the mean cross-attention's "
+        f"argmax) >= {ALIGNMENT}, previous/same/next >= {POSITIONAL}, broad: entropy >= "
+        f"{BROAD} nats.",
+        "",
+        "| type | layer | head | role | " + " | ".join(STATS) + " |",
+        "|---|---:|---:|---|" + "---:|" * len(STATS),
+    ]
+    for kind, layers in roles.items():
+        for layer, heads in enumerate(layers):
+            for head, role in enumerate(heads):
+                values = " | ".join(f"{float(stats[kind][n][layer, head]):.3f}" for n in STATS)
+                lines.append(f"| {kind} | {layer} | {head} | {role} | {values} |")
+    (out_dir / "roles.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
+    (out_dir / "roles.json").write_text(json.dumps(roles, indent=1) + "\n", encoding="utf-8")
+    return roles
 
 
 def stat_scalars(stats: dict[str, dict[str, Tensor]]) -> dict[str, float]:

@@ -10,7 +10,13 @@ from typing import Any
 from omegaconf import DictConfig
 
 from transformer.analysis import explorer
-from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily, write_report
+from transformer.analysis.heads import (
+    IMPORTANCES,
+    HeadEvaluator,
+    head_importance,
+    prune_greedily,
+    write_report,
+)
 from transformer.analysis.maps import capture_probes, translate_probes
 from transformer.analysis.report import render_maps, write_samples, write_stats
 from transformer.data.collate import encode_sources, encode_targets
@@ -53,9 +59,16 @@ def run_analysis(
         count = _number(options, "sentences", int)
         sources, references = sources[:count], references[:count]
     if kind == "heads":
+        by = options.get("importance", "both")
+        if by not in IMPORTANCES:
+            raise ConfigError(f"analysis_options.importance={by}: choose one of "
+                              f"{', '.join(IMPORTANCES)}")  # fmt: skip
+        normalize = options.get("normalize_by_layer", False)
+        if not isinstance(normalize, bool):
+            raise ConfigError(f"analysis_options.normalize_by_layer={normalize!r}: true or false")
         greedy = DecodeOptions(strategy="greedy")
         evaluator = HeadEvaluator(translator, sources, references, greedy)
-        baseline, scores = head_importance(evaluator)
+        baseline, scores = head_importance(evaluator, by, normalize)
         points = prune_greedily(evaluator, scores, _number(options, "prune_step", float))
         result = write_report(out_dir, baseline, scores, points, len(sources))
         log.info("head importance written to %s (heads.md, heads.json, heads_*.png)", out_dir)

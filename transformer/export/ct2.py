@@ -9,6 +9,11 @@ explicitly: CTranslate2's built-in one starts at position 1 and puts sin and cos
 ours starts at 0 and interleaves them. The directory holds ``model.bin``, ``config.json``, the
 vocabulary, both SentencePiece models, ``transformer_nmt.json`` (what was exported, its data
 settings and our decoding defaults) and a README on translating with it.
+
+A pruned model (``python -m transformer.prune``) converts exactly, but CTranslate2 has one head
+count per encoder or decoder (its attention layers take ``num_heads`` from the stack), so the
+removed heads go back in as zero weights (:func:`transformer.prune.restore_heads`): the same
+translations, at the unpruned model's speed.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
 from transformer.model import ATTENTION_TYPES, Transformer
+from transformer.prune import restore_heads
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
 INFO_FILE = "transformer_nmt.json"  # what was exported; evaluate.py engine=ctranslate2 reads it
@@ -54,7 +60,8 @@ def import_ctranslate2() -> Any:
 CONVERTED_OPTIONS = frozenset(
     "src_vocab_size tgt_vocab_size d_model num_heads num_kv_heads num_encoder_layers "
     "num_decoder_layers d_ff dropout attention_dropout activation_dropout activation norm_first "
-    "bias layer_norm_eps max_positions tie_output_embeddings share_all_embeddings pad_id".split()
+    "bias layer_norm_eps max_positions tie_output_embeddings share_all_embeddings pad_id "
+    "heads_per_layer".split()
 )
 
 
@@ -71,9 +78,9 @@ def check_convertible(model: Transformer) -> None:
         for layer, module in enumerate(model.attention_modules(kind)):
             if module.head_mask is not None:
                 raise ConfigError(
-                    f"{kind} attention of layer {layer} has a head mask (pruned or scaled heads), "
-                    "which CTranslate2 cannot apply; clear it (model.clear_head_masks()) to "
-                    "export the unpruned model"
+                    f"{kind} attention of layer {layer} has a head mask (masked or scaled "
+                    "heads), which CTranslate2 cannot apply; remove masked heads for real "
+                    "(python -m transformer.prune) or clear it (model.clear_head_masks())"
                 )
 
 
@@ -97,6 +104,8 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     (``add_source_eos``), the decoder starts from bos, as ours do."""
     import_ctranslate2()
     check_convertible(model)
+    if model.cfg.heads_per_layer is not None:  # one head count per stack: removed heads as zeros
+        model = restore_heads(model)
     from ctranslate2.specs import common_spec
     from ctranslate2.specs import transformer_spec as ts
 
