@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -10,6 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -48,6 +50,36 @@ def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
     )
 
 
+def takes_progress(scheduler: Callable[..., Any]) -> bool:
+    """Whether a scheduler factory (a partial) follows the training budget: it takes
+    ``progress`` (:class:`transformer.optim.BudgetLR`)."""
+    target = getattr(scheduler, "func", scheduler)
+    return "progress" in inspect.signature(target).parameters
+
+
+def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
+    """The share of the training budget used once the next optimizer step is made: the larger of
+    ``(global_step + 1) / trainer.max_steps`` and the training time elapsed over
+    ``trainer.max_time``, so whichever limit ends training first. The time is Lightning's
+    ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
+    included, and saved in checkpoints, so a resumed run continues from the time already spent.
+    Under DDP rank 0's time is broadcast, for the same rate on every rank."""
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
+
+    def progress() -> float:
+        share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
+        if timer is not None:
+            elapsed = timer.time_elapsed("train")
+            share_of_time = elapsed / (elapsed + timer.time_remaining("train"))
+            if trainer.world_size > 1:
+                share_of_time = trainer.strategy.broadcast(share_of_time)
+            share = max(share, share_of_time)
+        return share
+
+    return progress
+
+
 def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
     """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
     ``loss.label_smoothing`` here before any data work."""
@@ -63,7 +95,9 @@ class TranslationModule(L.LightningModule):
         model: the :class:`TransformerConfig` fields, vocabulary sizes and pad id included.
         optimizer: partial optimizer taking parameter groups (Hydra ``_partial_: true``); its
             ``weight_decay`` applies to the decay group only.
-        scheduler: partial taking the optimizer, returning a per-step LR scheduler.
+        scheduler: partial taking the optimizer, returning a per-step LR scheduler; one that
+            also takes ``progress`` (:class:`transformer.optim.BudgetLR`) gets
+            :func:`budget_progress` of the trainer.
         label_smoothing: epsilon of the label-smoothed cross entropy.
         decoding: validation decoding, :class:`DecodeOptions` fields (``strategy``: ``greedy``
             unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
@@ -216,7 +250,10 @@ class TranslationModule(L.LightningModule):
         optimizer = build_optimizer(self.model, self.optimizer_factory, wd)
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer)
+        if takes_progress(self.scheduler_factory):  # a budgeted schedule: ends with training
+            scheduler = self.scheduler_factory(optimizer, progress=budget_progress(self.trainer))
+        else:
+            scheduler = self.scheduler_factory(optimizer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
