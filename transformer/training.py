@@ -47,14 +47,31 @@ def on_gpu(trainer_cfg: DictConfig) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16-mixed trains
+    faster than float32 (the CPU recipe's model, 1.4x: BENCHMARKS.md); elsewhere oneDNN emulates
+    bf16 and it is slower. ``torch.backends.cpu.get_cpu_capability()`` cannot tell: it says
+    ``AVX512`` with or without them."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def resolve_precision(trainer_cfg: DictConfig) -> str:
-    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed), 32-true on CPU."""
+    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed); on CPU bf16-mixed where it
+    has bf16 instructions (:func:`cpu_has_fast_bf16`), else 32-true. The choice is logged; any
+    other value is kept as it is."""
     precision = str(trainer_cfg.get("precision", "auto"))
     if precision != "auto":
         return precision
     if on_gpu(trainer_cfg):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "32-true"
+        precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        log.info("trainer.precision=auto: %s on this GPU", precision)
+    elif cpu_has_fast_bf16():
+        precision = "bf16-mixed"
+        log.info("trainer.precision=auto: bf16-mixed, this CPU has bf16 instructions")
+    else:
+        precision = "32-true"
+        log.info("trainer.precision=auto: 32-true, this CPU has no bf16 instructions")
+    return precision
 
 
 def precision_options(trainer_cfg: DictConfig) -> dict[str, Any]:
