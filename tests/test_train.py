@@ -169,6 +169,7 @@ def test_misspelt_option_is_named():
         ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
         ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
         ("compile=maybe", "compile must be true or false"),
+        ("loss.rdrop_alpha=-1", r"loss\.rdrop_alpha must be >= 0 \(0 = off\)"),
         (
             "validation.decoding.strategy=sample",
             r"validation\.decoding\.strategy='sample'; choose one of 'greedy' or 'beam'",

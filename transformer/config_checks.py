@@ -83,6 +83,8 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
         raise ConfigError(f"optim.optimizer.weight_decay must be >= 0, got {opt.weight_decay}")
     if cfg.optim.get("scheduler") is not None:
         check_scheduler(cfg.optim.scheduler, cfg.trainer)
+    if float(cfg.loss.rdrop_alpha) < 0:
+        raise ConfigError(f"loss.rdrop_alpha must be >= 0 (0 = off), got {cfg.loss.rdrop_alpha}")
     if int(cfg.loss.max_bad_steps) < 1:
         raise ConfigError(f"loss.max_bad_steps must be >= 1, got {cfg.loss.max_bad_steps}")
     try:  # the Lightning module's own checks, with the options' names

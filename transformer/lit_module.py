@@ -21,7 +21,7 @@ from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding import DecodeOptions
-from transformer.loss import label_smoothed_loss
+from transformer.loss import label_smoothed_loss, rdrop_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.nonfinite import NonFiniteSteps
@@ -99,6 +99,10 @@ class TranslationModule(L.LightningModule):
             also takes ``progress`` (:class:`transformer.optim.BudgetLR`) gets
             :func:`budget_progress` of the trainer.
         label_smoothing: epsilon of the label-smoothed cross entropy.
+        rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
+            batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
+            passes' symmetric KL divergence (:func:`transformer.loss.rdrop_loss`); validation
+            runs once.
         decoding: validation decoding, :class:`DecodeOptions` fields (``strategy``: ``greedy``
             unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
             missing ones take its defaults, invalid ones raise ValueError.
@@ -120,6 +124,7 @@ class TranslationModule(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         scheduler: Callable[..., Any] | None = None,
         label_smoothing: float = 0.1,
+        rdrop_alpha: float = 0.0,
         decoding: dict[str, Any] | None = None,
         val_bleu_sentences: int | None = None,
         max_bad_steps: int = 10,
@@ -139,6 +144,9 @@ class TranslationModule(L.LightningModule):
         )
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = check_label_smoothing(label_smoothing)
+        if rdrop_alpha < 0:
+            raise ValueError(f"rdrop_alpha must be >= 0, got {rdrop_alpha}")
+        self.rdrop_alpha = rdrop_alpha
         self.decoding = validation_decoding(decoding)
         self.val_bleu_sentences = val_bleu_sentences
         self.nonfinite = NonFiniteSteps(max_bad_steps)
@@ -152,15 +160,22 @@ class TranslationModule(L.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         return self.model(src, tgt_in, src_pad_mask)
 
-    def _loss(self, batch) -> tuple[Tensor, Tensor, Tensor]:
+    def _loss(self, batch, rdrop: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """Loss sum, NLL sum and count over the N non-pad labels; the output projection runs on
-        those positions only, in chunks fused with the loss (never (B, T, V) logits)."""
-        hidden = self._hidden_states(self.model, batch.src, batch.tgt_in, batch.src_pad_mask)
+        those positions only, in chunks fused with the loss (never (B, T, V) logits). ``rdrop``:
+        R-Drop's loss of two passes, run as one over the batch doubled."""
+        src, tgt_in, src_pad_mask = batch.src, batch.tgt_in, batch.src_pad_mask
+        if rdrop:
+            src, tgt_in, src_pad_mask = (torch.cat([t, t]) for t in (src, tgt_in, src_pad_mask))
+        hidden = self._hidden_states(self.model, src, tgt_in, src_pad_mask)  # (B or 2B, T, D)
+        weight, eps, pad = self.model.output.weight, self.label_smoothing, self.cfg.pad_id
         # The collator counted the non-pad labels on the host: a static size, no device sync.
-        return label_smoothed_loss(
-            hidden, self.model.output.weight, batch.labels, self.label_smoothing,
-            self.cfg.pad_id, batch.num_tgt_tokens,
-        )  # fmt: skip
+        if rdrop:
+            hidden = hidden.unflatten(0, (2, -1))  # (2, B, T, D)
+            return rdrop_loss(
+                hidden, weight, batch.labels, eps, self.rdrop_alpha, pad, batch.num_tgt_tokens
+            )
+        return label_smoothed_loss(hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens)
 
     def on_fit_start(self) -> None:
         """Refuse validation pairs the model cannot take before the first step, not when the
@@ -175,7 +190,7 @@ class TranslationModule(L.LightningModule):
             self._rng_to_restore = None
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
-        loss_sum, nll_sum, ntok = self._loss(batch)
+        loss_sum, nll_sum, ntok = self._loss(batch, rdrop=self.rdrop_alpha > 0)
         ntok = ntok.clamp(min=1)
         loss = loss_sum / ntok
         # Nothing here waits for the device: a NaN/inf loss is only flagged, and every rank still

@@ -149,6 +149,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         optimizer=instantiate(cfg.optim.optimizer),
         scheduler=instantiate(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
         label_smoothing=float(cfg.loss.label_smoothing),
+        rdrop_alpha=float(cfg.loss.rdrop_alpha),
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
         max_bad_steps=int(cfg.loss.max_bad_steps),
