@@ -170,6 +170,7 @@ def test_misspelt_option_is_named():
         ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
         ("compile=maybe", "compile must be true or false"),
         ("loss.rdrop_alpha=-1", r"loss\.rdrop_alpha must be >= 0 \(0 = off\)"),
+        ("ema.decay=1.5", r"ema\.decay must be in \(0, 1\), e\.g\. 0\.999, or null"),
         (
             "validation.decoding.strategy=sample",
             r"validation\.decoding\.strategy='sample'; choose one of 'greedy' or 'beam'",

@@ -105,6 +105,11 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
             f"validation.bleu_sentences=0 turns val/bleu off, but {monitored[0]} needs it; "
             "drop that checkpoint with ~callbacks.best_checkpoint, or keep some BLEU sentences"
         )
+    ema = (cfg.get("ema") or {}).get("decay")
+    if ema is not None and not 0.0 < float(ema) < 1.0:
+        raise ConfigError(f"ema.decay must be in (0, 1), e.g. 0.999, or null (off); got {ema}")
+    if ema is not None and cfg.trainer.get("strategy") == "fsdp":
+        raise ConfigError("ema.decay needs the whole model on each device: not with trainer=fsdp")
     if not isinstance(cfg.get("compile", False), bool):
         raise ConfigError(f"compile must be true or false, got {cfg.compile!r}")
     backends = torch._dynamo.list_backends(exclude_tags=())

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
 from transformer.atomic import AtomicCheckpointIO
+from transformer.callbacks import WeightEMA
 from transformer.checkpoints import read_tokenizer_models
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
@@ -165,6 +166,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("wandb run %r in group %r", name, group)
     loggers = _instantiate_group(logger_cfg)
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    ema_decay = (cfg.get("ema") or {}).get("decay")
+    if ema_decay is not None:  # first: a checkpoint written after a step holds its average
+        callbacks.insert(0, WeightEMA(decay=float(ema_decay)))
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     # max_epochs=null beside another limit means no epoch limit (Lightning caps a run with no
