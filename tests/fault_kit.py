@@ -1,6 +1,7 @@
 """Callbacks that slow training down, so a test can interrupt a ``train.py`` subprocess at a
 chosen point (``+callbacks.slow._target_=tests.fault_kit.SlowSteps``, with the repository on
-PYTHONPATH), or record what it trained on (``tests.fault_kit.BatchIdRecorder``)."""
+PYTHONPATH), record what it trained on (``tests.fault_kit.BatchIdRecorder``), or run Lightning's
+``Timer`` on a fake clock (``tests.fault_kit.FakeClock``)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import os
 import time
 from pathlib import Path
 
+import lightning.pytorch.callbacks.timer
 import torch
 from lightning.pytorch.callbacks import Callback
 
@@ -81,3 +83,25 @@ class BatchIdRecorder(Callback):
         path = self.out_dir / f"batch_ids.rank{trainer.global_rank}.jsonl"
         with open(path, "a") as f:
             f.write(json.dumps({"step": trainer.global_step, "ids": batch.ids.tolist()}) + "\n")
+
+
+class FakeClock(Callback):
+    """Lightning's ``Timer`` (``trainer.max_time``) reads this clock instead of the real one; it
+    moves ``seconds`` at the start of every training batch and never otherwise, so training
+    time is exactly ``seconds`` per step, validation taking none."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds, self.now = seconds, 1000.0
+        self._real = lightning.pytorch.callbacks.timer.time
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        lightning.pytorch.callbacks.timer.time = self
+
+    def teardown(self, trainer, pl_module, stage: str) -> None:
+        lightning.pytorch.callbacks.timer.time = self._real
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.now += self.seconds

@@ -11,6 +11,7 @@ generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/test_lit_module.py
 from __future__ import annotations
 
 import itertools
+import logging
 import math
 from pathlib import Path
 
@@ -18,6 +19,7 @@ import pytest
 import torch
 
 from tests.tiny import compose_cfg, logged, tiny_overrides
+from transformer import training
 from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
 from transformer.training import train
@@ -98,3 +100,33 @@ def test_unknown_compile_backend_is_named_before_data_work(tmp_path):
     )
     with pytest.raises(ConfigError, match=r"compile_backend='inductr'.*inductor"):
         train(cfg)
+
+
+@pytest.mark.parametrize(
+    "setting, fast_bf16, want",
+    [
+        ("auto", True, "bf16-mixed"),
+        ("auto", False, "32-true"),
+        ("32-true", True, "32-true"),
+        ("bf16-mixed", False, "bf16-mixed"),
+        ("16-mixed", True, "16-mixed"),
+    ],
+)
+def test_auto_precision_on_cpu_is_bf16_mixed_only_with_bf16_instructions(
+    setting, fast_bf16, want, monkeypatch, caplog
+):
+    """``auto`` on CPU follows the CPU's bf16 instructions (detection stubbed), says so in the
+    log, and any explicit value wins."""
+    monkeypatch.setattr(training, "cpu_has_fast_bf16", lambda: fast_bf16)
+    cfg = compose_cfg(["trainer.accelerator=cpu", f"trainer.precision={setting}"])
+    with caplog.at_level(logging.INFO, logger="transformer.training"):
+        assert training.resolve_precision(cfg.trainer) == want
+    logged_choice = f"trainer.precision=auto: {want}, this CPU has"
+    assert (logged_choice in caplog.text) == (setting == "auto")
+
+
+def test_cpu_bf16_detection_reads_the_instruction_set():
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else None
+    if flags is None:
+        pytest.skip("no /proc/cpuinfo to compare with")
+    assert training.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & set(flags))

@@ -85,6 +85,7 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
     assert cpu.trainer.max_epochs == -1  # the time alone ends it
+    assert cpu.trainer.precision == "32-true"  # as measured, not auto (bf16-mixed on bf16 CPUs)
     assert cpu.model == gpu.model and cpu.data == gpu.data and cpu.callbacks == gpu.callbacks
     other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
     assert other.experiment_name == "multi30k_de_en_cpu"
@@ -170,6 +171,8 @@ def test_misspelt_option_is_named():
         ("ckpt_path=/nonexistent.ckpt", "ckpt_path=/nonexistent.ckpt"),
         ("validation.bleu_sentences=0", "callbacks.best_checkpoint.monitor=val/bleu needs it"),
         ("compile=maybe", "compile must be true or false"),
+        ("loss.rdrop_alpha=-1", r"loss\.rdrop_alpha must be >= 0 \(0 = off\)"),
+        ("ema.decay=1.5", r"ema\.decay must be in \(0, 1\), e\.g\. 0\.999, or null"),
         (
             "validation.decoding.strategy=sample",
             r"validation\.decoding\.strategy='sample'; choose one of 'greedy' or 'beam'",

@@ -126,6 +126,7 @@ def tiny_overrides(corpus: Path) -> list[str]:
         "data.max_tokens=512",
         "logger=csv",
         "trainer.accelerator=cpu",
+        "trainer.precision=32-true",  # not auto: the same on CPUs with and without bf16
         "trainer.enable_progress_bar=false",
         "trainer.enable_model_summary=false",
         "trainer.log_every_n_steps=1",

@@ -11,7 +11,7 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
 
 from transformer.errors import Interrupted
 from transformer.lit_module import TranslationModule
@@ -152,3 +152,20 @@ def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
     progress = trainer.fit_loop.epoch_loop.batch_progress
     ended = progress.is_last_batch or progress.current.ready == trainer.num_training_batches
     return bool(trainer.strategy.broadcast(ended))
+
+
+class WeightEMA(EMAWeightAveraging):
+    """An exponential moving average of the weights (``ema.decay``), Lightning's: updated after
+    every optimizer step (the first update copies the weights, then ``average = decay * average
+    + (1 - decay) * weights``); validation runs on the average; a full checkpoint holds it as
+    its ``state_dict`` (what evaluation loads) and the trained weights as
+    ``current_model_state``, and resuming restores both. Weights-only checkpoints (the epoch
+    checkpoints) hold the trained weights.
+
+    One change: Lightning copies the average into the model when training ends, before
+    :class:`LastCheckpoint` writes its final checkpoint, which would then resume from the
+    average instead of the trained weights; here the model keeps them.
+    """
+
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        pass

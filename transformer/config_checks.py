@@ -27,7 +27,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer.config import TransformerConfig
 from transformer.errors import ConfigError
-from transformer.lit_module import check_label_smoothing, validation_decoding
+from transformer.lit_module import check_label_smoothing, takes_progress, validation_decoding
 
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
 
@@ -81,11 +81,10 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
         raise ConfigError(f"optim.optimizer.lr must be positive, got {opt.lr}")
     if float(opt.get("weight_decay", 0.0)) < 0:
         raise ConfigError(f"optim.optimizer.weight_decay must be >= 0, got {opt.weight_decay}")
-    if cfg.optim.get("scheduler") is not None:  # it checks its options: build it on a stand-in
-        try:
-            instantiate(cfg.optim.scheduler)(torch.optim.SGD([torch.zeros(1)], lr=1.0))
-        except ValueError as err:  # its messages name the argument: warmup_steps must be ...
-            raise ConfigError(f"optim.scheduler.{err}") from err
+    if cfg.optim.get("scheduler") is not None:
+        check_scheduler(cfg.optim.scheduler, cfg.trainer)
+    if float(cfg.loss.rdrop_alpha) < 0:
+        raise ConfigError(f"loss.rdrop_alpha must be >= 0 (0 = off), got {cfg.loss.rdrop_alpha}")
     if int(cfg.loss.max_bad_steps) < 1:
         raise ConfigError(f"loss.max_bad_steps must be >= 1, got {cfg.loss.max_bad_steps}")
     try:  # the Lightning module's own checks, with the options' names
@@ -106,6 +105,11 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
             f"validation.bleu_sentences=0 turns val/bleu off, but {monitored[0]} needs it; "
             "drop that checkpoint with ~callbacks.best_checkpoint, or keep some BLEU sentences"
         )
+    ema = (cfg.get("ema") or {}).get("decay")
+    if ema is not None and not 0.0 < float(ema) < 1.0:
+        raise ConfigError(f"ema.decay must be in (0, 1), e.g. 0.999, or null (off); got {ema}")
+    if ema is not None and cfg.trainer.get("strategy") == "fsdp":
+        raise ConfigError("ema.decay needs the whole model on each device: not with trainer=fsdp")
     if not isinstance(cfg.get("compile", False), bool):
         raise ConfigError(f"compile must be true or false, got {cfg.compile!r}")
     backends = torch._dynamo.list_backends(exclude_tags=())
@@ -138,6 +142,26 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
                 "checkpoint (checkpoints written by train.py are never left half-written)"
             )
     return model_cfg
+
+
+def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
+    """The scheduler checks its options: build it on a stand-in optimizer. A budgeted one
+    (:class:`transformer.optim.BudgetLR`) needs the end of training: ``trainer.max_steps`` or
+    ``trainer.max_time`` (an epoch count alone is no budget: it depends on the data)."""
+    factory = instantiate(scheduler)
+    budgeted = takes_progress(factory)
+    try:
+        stand_in = torch.optim.SGD([torch.zeros(1)], lr=1.0)
+        factory(stand_in, **({"progress": lambda: 0.0} if budgeted else {}))
+    except ValueError as err:  # its messages name the argument: warmup_steps must be ...
+        raise ConfigError(f"optim.scheduler.{err}") from err
+    if budgeted and trainer.get("max_steps", -1) == -1 and trainer.get("max_time") is None:
+        raise ConfigError(
+            f"optim.scheduler.shape={scheduler.get('shape', 'cosine')} decays to its minimum "
+            "when training ends, but neither trainer.max_steps nor trainer.max_time is set; "
+            "set one (e.g. trainer.max_steps=20000 or +trainer.max_time=00:01:00:00), or use "
+            "optim=adamw (warmup then inverse square root, no end needed)"
+        )
 
 
 MAX_TIME = re.compile(r"(\d+):(\d\d):(\d\d):(\d\d)")  # Lightning's Timer: DD:HH:MM:SS

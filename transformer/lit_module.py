@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import logging
 import math
 import time
@@ -10,6 +11,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 from torch.optim.lr_scheduler import LambdaLR
@@ -19,7 +21,7 @@ from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding import DecodeOptions
-from transformer.loss import label_smoothed_loss
+from transformer.loss import label_smoothed_loss, rdrop_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.nonfinite import NonFiniteSteps
@@ -48,6 +50,36 @@ def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
     )
 
 
+def takes_progress(scheduler: Callable[..., Any]) -> bool:
+    """Whether a scheduler factory (a partial) follows the training budget: it takes
+    ``progress`` (:class:`transformer.optim.BudgetLR`)."""
+    target = getattr(scheduler, "func", scheduler)
+    return "progress" in inspect.signature(target).parameters
+
+
+def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
+    """The share of the training budget used once the next optimizer step is made: the larger of
+    ``(global_step + 1) / trainer.max_steps`` and the training time elapsed over
+    ``trainer.max_time``, so whichever limit ends training first. The time is Lightning's
+    ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
+    included, and saved in checkpoints, so a resumed run continues from the time already spent.
+    Under DDP rank 0's time is broadcast, for the same rate on every rank."""
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
+
+    def progress() -> float:
+        share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
+        if timer is not None:
+            elapsed = timer.time_elapsed("train")
+            share_of_time = elapsed / (elapsed + timer.time_remaining("train"))
+            if trainer.world_size > 1:
+                share_of_time = trainer.strategy.broadcast(share_of_time)
+            share = max(share, share_of_time)
+        return share
+
+    return progress
+
+
 def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
     """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
     ``loss.label_smoothing`` here before any data work."""
@@ -63,8 +95,14 @@ class TranslationModule(L.LightningModule):
         model: the :class:`TransformerConfig` fields, vocabulary sizes and pad id included.
         optimizer: partial optimizer taking parameter groups (Hydra ``_partial_: true``); its
             ``weight_decay`` applies to the decay group only.
-        scheduler: partial taking the optimizer, returning a per-step LR scheduler.
+        scheduler: partial taking the optimizer, returning a per-step LR scheduler; one that
+            also takes ``progress`` (:class:`transformer.optim.BudgetLR`) gets
+            :func:`budget_progress` of the trainer.
         label_smoothing: epsilon of the label-smoothed cross entropy.
+        rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
+            batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
+            passes' symmetric KL divergence (:func:`transformer.loss.rdrop_loss`); validation
+            runs once.
         decoding: validation decoding, :class:`DecodeOptions` fields (``strategy``: ``greedy``
             unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
             missing ones take its defaults, invalid ones raise ValueError.
@@ -86,6 +124,7 @@ class TranslationModule(L.LightningModule):
         optimizer: Callable[..., torch.optim.Optimizer] | None = None,
         scheduler: Callable[..., Any] | None = None,
         label_smoothing: float = 0.1,
+        rdrop_alpha: float = 0.0,
         decoding: dict[str, Any] | None = None,
         val_bleu_sentences: int | None = None,
         max_bad_steps: int = 10,
@@ -105,6 +144,9 @@ class TranslationModule(L.LightningModule):
         )
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = check_label_smoothing(label_smoothing)
+        if rdrop_alpha < 0:
+            raise ValueError(f"rdrop_alpha must be >= 0, got {rdrop_alpha}")
+        self.rdrop_alpha = rdrop_alpha
         self.decoding = validation_decoding(decoding)
         self.val_bleu_sentences = val_bleu_sentences
         self.nonfinite = NonFiniteSteps(max_bad_steps)
@@ -118,15 +160,22 @@ class TranslationModule(L.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         return self.model(src, tgt_in, src_pad_mask)
 
-    def _loss(self, batch) -> tuple[Tensor, Tensor, Tensor]:
+    def _loss(self, batch, rdrop: bool = False) -> tuple[Tensor, Tensor, Tensor]:
         """Loss sum, NLL sum and count over the N non-pad labels; the output projection runs on
-        those positions only, in chunks fused with the loss (never (B, T, V) logits)."""
-        hidden = self._hidden_states(self.model, batch.src, batch.tgt_in, batch.src_pad_mask)
+        those positions only, in chunks fused with the loss (never (B, T, V) logits). ``rdrop``:
+        R-Drop's loss of two passes, run as one over the batch doubled."""
+        src, tgt_in, src_pad_mask = batch.src, batch.tgt_in, batch.src_pad_mask
+        if rdrop:
+            src, tgt_in, src_pad_mask = (torch.cat([t, t]) for t in (src, tgt_in, src_pad_mask))
+        hidden = self._hidden_states(self.model, src, tgt_in, src_pad_mask)  # (B or 2B, T, D)
+        weight, eps, pad = self.model.output.weight, self.label_smoothing, self.cfg.pad_id
         # The collator counted the non-pad labels on the host: a static size, no device sync.
-        return label_smoothed_loss(
-            hidden, self.model.output.weight, batch.labels, self.label_smoothing,
-            self.cfg.pad_id, batch.num_tgt_tokens,
-        )  # fmt: skip
+        if rdrop:
+            hidden = hidden.unflatten(0, (2, -1))  # (2, B, T, D)
+            return rdrop_loss(
+                hidden, weight, batch.labels, eps, self.rdrop_alpha, pad, batch.num_tgt_tokens
+            )
+        return label_smoothed_loss(hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens)
 
     def on_fit_start(self) -> None:
         """Refuse validation pairs the model cannot take before the first step, not when the
@@ -141,7 +190,7 @@ class TranslationModule(L.LightningModule):
             self._rng_to_restore = None
 
     def training_step(self, batch, batch_idx: int) -> Tensor:
-        loss_sum, nll_sum, ntok = self._loss(batch)
+        loss_sum, nll_sum, ntok = self._loss(batch, rdrop=self.rdrop_alpha > 0)
         ntok = ntok.clamp(min=1)
         loss = loss_sum / ntok
         # Nothing here waits for the device: a NaN/inf loss is only flagged, and every rank still
@@ -216,7 +265,10 @@ class TranslationModule(L.LightningModule):
         optimizer = build_optimizer(self.model, self.optimizer_factory, wd)
         if self.scheduler_factory is None:
             return optimizer
-        scheduler = self.scheduler_factory(optimizer)
+        if takes_progress(self.scheduler_factory):  # a budgeted schedule: ends with training
+            scheduler = self.scheduler_factory(optimizer, progress=budget_progress(self.trainer))
+        else:
+            scheduler = self.scheduler_factory(optimizer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},

@@ -6,7 +6,8 @@ of the loss with respect to those logits (softmax minus the smoothed target), an
 into the gradients of the states and of the projection matrix. Memory for logits is one chunk's
 instead of the batch's, and each chunk's elementwise work stays in cache. What it saves per
 training step: BENCHMARKS.md, "The loss fused with the output projection, and 16-bit dropout
-masks".
+masks". R-Drop (:func:`rdrop_loss`) is fused the same way: both passes' logits of a chunk, never
+the batch's.
 """
 
 from __future__ import annotations
@@ -106,4 +107,102 @@ def label_smoothed_loss(
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(device, enabled=False):
         loss, nll = _ProjectedLoss.apply(hidden, weight, labels, epsilon, rows, want_grad)
+    return loss, nll, keep.sum()
+
+
+class _ProjectedRDropLoss(torch.autograd.Function):
+    """hidden (2, N, D): two passes' states at the same positions, weight (V, D), labels (N,) ->
+    summed R-Drop loss and summed NLL (mean of the two passes).
+
+    Per label: ``(ce_1 + ce_2) / 2 + alpha / 4 * (KL(p_1 || p_2) + KL(p_2 || p_1))``, where
+    ``KL(p_1 || p_2) + KL(p_2 || p_1) = sum_v (p_1 - p_2)(log p_1 - log p_2)``. Its gradient with
+    respect to pass 1's logits: ``(p_1 - target) / 2 + alpha / 4 * (p_1 (d - E_p1[d]) + p_1 -
+    p_2)`` with ``d = log p_1 - log p_2`` (pass 2's: the same with 1 and 2 swapped). As in
+    :class:`_ProjectedLoss` the gradients are computed in the forward.
+    """
+
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, epsilon: float, alpha: float, rows: int, want_grad):
+        n, vocab = hidden.size(1), weight.size(0)
+        loss = hidden.new_zeros((), dtype=torch.float32)
+        nll = hidden.new_zeros((), dtype=torch.float32)
+        grad_hidden = torch.empty_like(hidden) if want_grad else None
+        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
+        for start in range(0, n, rows):
+            h = hidden[:, start : start + rows]  # (2, C, D)
+            y = labels[start : start + rows, None]  # (C, 1)
+            lp = F.log_softmax(h @ weight.T, dim=-1, dtype=torch.float32)  # (2, C, V)
+            token_nll = -lp.gather(2, y.expand(2, -1, -1))  # (2, C, 1)
+            ce = (1.0 - epsilon) * token_nll.sum() - epsilon * lp.mean(-1).sum()
+            p = lp.exp()  # (2, C, V)
+            d = lp[0] - lp[1]  # (C, V)
+            loss += 0.5 * ce + 0.25 * alpha * ((p[0] - p[1]) * d).sum()
+            nll += 0.5 * token_nll.sum()
+            if not want_grad:
+                continue
+            target = torch.full_like(d, epsilon / vocab).scatter_add_(
+                1, y, d.new_full(y.shape, 1.0 - epsilon)
+            )  # (C, V)
+            for k, sign in ((0, 1.0), (1, -1.0)):  # d log p_k / ... : d for pass 1, -d for 2
+                dk = sign * d
+                kl = p[k] * (dk - (p[k] * dk).sum(-1, keepdim=True)) + p[k] - p[1 - k]
+                g = (0.5 * (p[k] - target) + 0.25 * alpha * kl).to(hidden.dtype)  # (C, V)
+                torch.mm(g, weight, out=grad_hidden[k, start : start + rows])  # (C, D)
+                grad_weight += g.T @ h[k]  # (V, D)
+        if want_grad:
+            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+        ctx.mark_non_differentiable(nll)
+        return loss, nll
+
+    @staticmethod
+    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
+        grad_hidden, grad_weight = ctx.saved_tensors
+        return (
+            grad_hidden * grad_loss.to(grad_hidden.dtype),
+            grad_weight * grad_loss.to(grad_weight.dtype),
+            None,
+            None,
+            None,
+            None,
+            None,
+        )
+
+
+def rdrop_loss(
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    epsilon: float,
+    alpha: float,
+    pad_id: int,
+    num_labels: int | None = None,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """R-Drop (Liang et al. 2021): the label-smoothed loss of two passes with their own dropout,
+    plus ``alpha`` times their symmetric KL divergence, summed over the non-pad labels; the
+    summed NLL (mean of the passes) and the label count.
+
+    hidden (2, ..., D): the two passes' decoder states for the same batch (one pass over the
+    batch doubled), labels (...). Per label the loss is ``(ce_1 + ce_2) / 2 + alpha / 4 *
+    (KL(p_1 || p_2) + KL(p_2 || p_1))``: the paper's loss (the sum of both passes' cross
+    entropies plus ``alpha / 2`` times that sum of KLs) halved, so ``alpha`` means what it does
+    there (5 for its translation tasks). Label smoothing applies to the cross entropies only.
+    Projected and fused in chunks as :func:`label_smoothed_loss`.
+    """
+    keep = labels.flatten().ne(pad_id)  # (B*T,)
+    if num_labels is None:
+        idx = keep.nonzero().squeeze(1)  # (N,)
+    else:
+        idx = keep.nonzero_static(size=num_labels).squeeze(1)  # (N,)
+    hidden = hidden.flatten(1, -2).index_select(1, idx)  # (2, N, D)
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        hidden = hidden.to(torch.get_autocast_dtype(device))
+    weight = weight.to(hidden.dtype)
+    labels = labels.flatten().index_select(0, idx)  # (N,)
+    rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // (2 * weight.size(0)))
+    want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    with torch.autocast(device, enabled=False):
+        loss, nll = _ProjectedRDropLoss.apply(
+            hidden, weight, labels, epsilon, alpha, rows, want_grad
+        )
     return loss, nll, keep.sum()

@@ -2,8 +2,10 @@
 
 Weight decay applies to weight matrices only (``p.dim() >= 2``), never to biases, LayerNorm
 parameters or embeddings (a tied output projection is the target embedding, so it is not decayed
-either). The schedule is the Transformer's: linear warmup to the peak learning rate, then decay
-with the inverse square root of the step.
+either). The default schedule is the Transformer's: linear warmup to the peak learning rate, then
+decay with the inverse square root of the step. The budgeted schedules (:class:`BudgetLR`: linear,
+cosine, warmup-stable-decay) warm up the same way and reach their minimum when training ends, at
+``trainer.max_steps`` or ``trainer.max_time``.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import inspect
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -115,7 +117,83 @@ def warmup_inverse_sqrt(optimizer: Optimizer, warmup_steps: int = 4000) -> Lambd
     return LambdaLR(optimizer, lambda step: inverse_sqrt_factor(step, warmup_steps))
 
 
+Shape = Literal["linear", "cosine", "wsd"]
+SHAPES = ("linear", "cosine", "wsd")
+
+
+def budget_factor(
+    updates: int,
+    progress: float,
+    shape: Shape,
+    warmup_steps: int,
+    min_lr_ratio: float = 0.0,
+    cooldown: float = 0.2,
+) -> float:
+    """Multiplier of the peak learning rate for the ``updates``-th update (counted from 1), made
+    when ``progress`` (0 to 1) of the training budget is used.
+
+    The decay ``d`` falls from 1 at progress 0 to 0 at progress 1: ``1 - p`` (linear),
+    ``(1 + cos(pi p)) / 2`` (cosine), or 1 until the last ``cooldown`` share of the budget and
+    then linearly to 0 (``wsd``, warmup-stable-decay). The factor is
+    ``min(updates / warmup_steps, min_lr_ratio + (1 - min_lr_ratio) d)``: the warmup ramp rises
+    until it meets the decay curve (under cosine and linear a little below the peak, at
+    ``d(warmup share)``), and at progress 1 the factor is ``min_lr_ratio``.
+    """
+    p = min(max(progress, 0.0), 1.0)
+    if shape == "linear":
+        decay = 1.0 - p
+    elif shape == "cosine":
+        decay = 0.5 * (1.0 + math.cos(math.pi * p))
+    else:
+        decay = min(1.0, (1.0 - p) / cooldown)
+    warm = updates / warmup_steps if warmup_steps > 0 else 1.0
+    return min(warm, min_lr_ratio + (1.0 - min_lr_ratio) * decay)
+
+
+class BudgetLR(LambdaLR):
+    """A schedule that ends with training: :func:`budget_factor` of the update count (the
+    scheduler's step, as for :func:`warmup_inverse_sqrt`) and of ``progress()``, the share of
+    the training budget used once the next update is made (the Lightning module supplies it
+    from ``trainer.max_steps`` and ``trainer.max_time``:
+    :func:`transformer.lit_module.budget_progress`).
+    ``progress`` is not part of the state dict: a resumed run gets it from its trainer.
+    """
+
+    def __init__(
+        self,
+        optimizer: Optimizer,
+        progress: Callable[[], float],
+        shape: Shape = "cosine",
+        warmup_steps: int = 1000,
+        min_lr_ratio: float = 0.0,
+        cooldown: float = 0.2,
+    ) -> None:
+        if shape not in SHAPES:
+            raise ValueError(f"shape={shape!r}; choose one of {', '.join(SHAPES)}")
+        if warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {warmup_steps}")
+        if not 0.0 <= min_lr_ratio < 1.0:
+            raise ValueError(f"min_lr_ratio must be in [0, 1), got {min_lr_ratio}")
+        if not 0.0 < cooldown <= 1.0:
+            raise ValueError(f"cooldown must be in (0, 1], got {cooldown}")
+        self.progress = progress
+        super().__init__(
+            optimizer,
+            lambda step: budget_factor(
+                step + 1, self.progress(), shape, warmup_steps, min_lr_ratio, cooldown
+            ),
+        )
+
+    def state_dict(self) -> dict[str, Any]:
+        state = super().state_dict()
+        del state["progress"]  # a function of the trainer, not state
+        return state
+
+
 __all__ = [
+    "SHAPES",
+    "BudgetLR",
+    "budget_factor",
     "build_optimizer",
     "clip_gradients",
     "inverse_sqrt_factor",

@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
 from transformer.atomic import AtomicCheckpointIO
+from transformer.callbacks import WeightEMA
 from transformer.checkpoints import read_model_config, read_tokenizer_models
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
@@ -47,14 +48,31 @@ def on_gpu(trainer_cfg: DictConfig) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
 
 
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16-mixed trains
+    faster than float32 (the CPU recipe's model, 1.4x: BENCHMARKS.md); elsewhere oneDNN emulates
+    bf16 and it is slower. ``torch.backends.cpu.get_cpu_capability()`` cannot tell: it says
+    ``AVX512`` with or without them."""
+    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
+
+
 def resolve_precision(trainer_cfg: DictConfig) -> str:
-    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed), 32-true on CPU."""
+    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed); on CPU bf16-mixed where it
+    has bf16 instructions (:func:`cpu_has_fast_bf16`), else 32-true. The choice is logged; any
+    other value is kept as it is."""
     precision = str(trainer_cfg.get("precision", "auto"))
     if precision != "auto":
         return precision
     if on_gpu(trainer_cfg):
-        return "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-    return "32-true"
+        precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        log.info("trainer.precision=auto: %s on this GPU", precision)
+    elif cpu_has_fast_bf16():
+        precision = "bf16-mixed"
+        log.info("trainer.precision=auto: bf16-mixed, this CPU has bf16 instructions")
+    else:
+        precision = "32-true"
+        log.info("trainer.precision=auto: 32-true, this CPU has no bf16 instructions")
+    return precision
 
 
 def precision_options(trainer_cfg: DictConfig) -> dict[str, Any]:
@@ -150,6 +168,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         optimizer=instantiate(cfg.optim.optimizer),
         scheduler=instantiate(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
         label_smoothing=float(cfg.loss.label_smoothing),
+        rdrop_alpha=float(cfg.loss.rdrop_alpha),
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
         max_bad_steps=int(cfg.loss.max_bad_steps),
@@ -165,6 +184,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         log.info("wandb run %r in group %r", name, group)
     loggers = _instantiate_group(logger_cfg)
     callbacks = _instantiate_group(cfg.get("callbacks"))
+    ema_decay = (cfg.get("ema") or {}).get("decay")
+    if ema_decay is not None:  # first: a checkpoint written after a step holds its average
+        callbacks.insert(0, WeightEMA(decay=float(ema_decay)))
     if not cfg.trainer.get("enable_progress_bar", True):
         callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
     # max_epochs=null beside another limit means no epoch limit (Lightning caps a run with no

@@ -1,0 +1,51 @@
+"""bench/bench_levers.py: every lever is a valid change of the CPU recipe, the options, the table,
+and a dry run of one lever end to end (train.py, then evaluate's scoring of its checkpoints)."""
+
+from __future__ import annotations
+
+import pytest
+
+from bench.bench_levers import LEVERS, TEST_SETS, main, max_time, parse_args, table
+from tests.tiny import compose_cfg
+from transformer.config_checks import validate_config
+
+
+@pytest.mark.parametrize("lever", LEVERS)
+def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
+    recipe = compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
+    cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *LEVERS[lever]], tmp_path)
+    validate_config(cfg)
+    same = ("data", "model", "callbacks")
+    assert all(cfg[k] == recipe[k] for k in same) and cfg.trainer.max_time == "00:00:54:00"
+    assert (cfg == recipe) == (lever == "recipe")
+
+
+def test_options_and_budget():
+    assert max_time(54 * 60) == "00:00:54:00" and max_time(0.2) == "00:00:00:01"
+    assert parse_args(["--dry-run", "--levers", "ema,wsd"]).levers == ["ema", "wsd"]
+    with pytest.raises(SystemExit):
+        parse_args(["--data", "x", "--levers", "ema,adam"])
+    with pytest.raises(SystemExit):
+        parse_args([])  # --data is needed for a real run
+
+
+def test_table_has_a_row_per_lever_and_checkpoint():
+    scores = {s: [30.0 + i, 31.0 + i, 60.0 + i] for i, s in enumerate(TEST_SETS)}
+    results = [
+        {"lever": "recipe", "val_bleu": 38.6, "updates": 4379, "train_wall_s": 3258.0,
+         "scores": {"avg": scores, "last": scores}},
+        {"lever": "ema", "val_bleu": None, "updates": None, "train_wall_s": 60.0, "scores": {}},
+    ]  # fmt: skip
+    lines = table(results).splitlines()
+    assert lines[2] == (
+        "| recipe | avg | 38.60 | 30.00 / 31.00 / 60.00 | 31.00 / 32.00 / 61.00 | "
+        "32.00 / 33.00 / 62.00 | 4379 | 54.3 |"
+    )
+    assert lines[4] == "| ema | - | - | - | - | - | - | 1.0 |" and len(lines) == 5
+
+
+def test_dry_run_of_one_lever_trains_scores_and_tabulates(tmp_path):
+    (result,) = main(["--dry-run", "--levers", "ema", "--out", str(tmp_path)])
+    assert result["returncode"] == 0 and result["updates"] >= 1
+    assert set(result["scores"]["last"]) == set(TEST_SETS)
+    assert (tmp_path / "table.md").read_text().count("| ema |") == len(result["scores"])
