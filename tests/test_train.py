@@ -408,11 +408,11 @@ def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(
     model_from_checkpoint(ckpt)  # strict: the weights kept their names
 
 
-@pytest.mark.parametrize("accumulate, total, first", [(1, 20, 10), (2, 10, 5)])
+@pytest.mark.parametrize("accumulate, total, first", [(1, 20, 10), (2, 10, 5), (1, 20, 8)])
 def test_resume_continues_exactly(corpus, tmp_path, accumulate, total, first):
     """``total`` optimizer steps in one run == ``first`` steps, checkpoint, resume to ``total``:
     20 batches either way, crossing the epoch boundary at 16 batches, with validation in between
-    and dropout on."""
+    and dropout on; at 8 steps a validation runs just before the checkpoint is written."""
     common = [
         *tiny_overrides(corpus),
         "trainer.val_check_interval=4",

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
@@ -265,6 +266,9 @@ class TranslationDataModule(L.LightningDataModule):
         )
 
     def _loader(self, data: TokenizedSplit, sampler: TokenBudgetBatchSampler) -> DataLoader:
+        # Each iterator draws its workers' seed from ``generator``: without one it would draw from
+        # torch's global stream, which dropout uses, so a validation loader started after a
+        # checkpoint saved that stream would shift a resumed run's dropout.
         return DataLoader(
             data,
             batch_sampler=sampler,
@@ -272,6 +276,7 @@ class TranslationDataModule(L.LightningDataModule):
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self._on_cuda(),
+            generator=torch.Generator().manual_seed(self.seed),
         )
 
     def _on_cuda(self) -> bool:
