@@ -9,9 +9,11 @@ length change of up to a quarter, sentences capitalised and ending in a full sto
 
     python bench/bench_data_scale.py --pairs 300000 1000000 4500000 --dir /tmp/scale
 
-Each measurement runs in a fresh process (peak RSS is the process's own, its loader workers and
-tokenizing workers included as children). Speed figures go to BENCHMARKS.md ("Data pipeline at
-WMT sizes").
+Each measurement runs in a fresh process (peak RSS is the largest of the process's own and its
+loader workers'). Resident memory after the batches is given whole (VmRSS) and split into the
+process's own (RssAnon) and pages of mapped files (RssFile: the memory-mapped token cache, shared
+between processes and reclaimable). Speed figures go to BENCHMARKS.md ("Data pipeline at WMT
+sizes").
 """
 
 from __future__ import annotations
@@ -74,12 +76,16 @@ def peak_rss_mb() -> float:
     return max(own, children) / 1024
 
 
-def rss_mb(pid: int) -> float:
+def rss_mb(pid: int, kind: str = "VmRSS") -> float:
+    """Resident memory of a process: ``VmRSS`` all of it, ``RssAnon`` its own (heap, arrays),
+    ``RssFile`` pages of mapped files (the token cache: shared, the kernel's to reclaim)."""
     with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("VmRSS")) / 1024
+        return next(int(line.split()[1]) for line in f if line.startswith(kind + ":")) / 1024
 
 
-def measure(root: str, cache: str, vocab: int, workers: int, batches: int) -> dict:
+def measure(
+    root: str, cache: str, vocab: int, workers: int, batches: int, spm_sentences: int
+) -> dict:
     """One process: build (or load) the data module, then draw ``batches`` training batches."""
     from transformer.data import datamodule as dm_module
 
@@ -100,7 +106,7 @@ def measure(root: str, cache: str, vocab: int, workers: int, batches: int) -> di
     start = time.perf_counter()
     dm = dm_module.TranslationDataModule(
         source="local", root=root, vocab_size=vocab, max_tokens=8192, max_len=256,
-        num_workers=workers, cache_dir=cache,
+        num_workers=workers, cache_dir=cache, spm_train_sentences=spm_sentences,
     )  # fmt: skip
     dm.prepare_data()
     dm.setup("fit")
@@ -116,7 +122,11 @@ def measure(root: str, cache: str, vocab: int, workers: int, batches: int) -> di
     for _ in range(batches - 1):
         next(it)
     worker_pids = [w.pid for w in getattr(it, "_workers", [])]
-    rss = {"main_rss_mb": rss_mb(os.getpid()), "worker_rss_mb": [rss_mb(p) for p in worker_pids]}
+    rss = {
+        f"{who}_{kind}_mb": [round(rss_mb(p, kind)) for p in pids]
+        for who, pids in (("main", [os.getpid()]), ("worker", worker_pids))
+        for kind in ("VmRSS", "RssAnon", "RssFile")
+    }
     return {
         "pairs": len(dm.split("train")),
         **{k: round(v, 2) for k, v in times.items()},
@@ -132,10 +142,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, default=32_000)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=200, help="drawn before RSS is read")
+    parser.add_argument("--spm-train-sentences", type=int, default=1_000_000)
     parser.add_argument("--measure", nargs=2, metavar=("ROOT", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:  # the child process
-        result = measure(*args.measure, args.vocab_size, args.num_workers, args.batches)
+        result = measure(
+            *args.measure, args.vocab_size, args.num_workers, args.batches,
+            args.spm_train_sentences,
+        )  # fmt: skip
         print(json.dumps(result))
         return
     rows = []
@@ -151,6 +165,7 @@ def main(argv: list[str] | None = None) -> None:
             cmd = [sys.executable, __file__, "--measure", str(root), str(cache)]
             cmd += ["--vocab-size", str(args.vocab_size), "--num-workers", str(args.num_workers)]
             cmd += ["--batches", str(args.batches)]
+            cmd += ["--spm-train-sentences", str(args.spm_train_sentences)]
             out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
             row = {"run": run, **json.loads(out.strip().splitlines()[-1])}
             print(json.dumps(row), flush=True)
