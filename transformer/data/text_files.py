@@ -7,9 +7,12 @@ nothing is skipped silently.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import json
 import os
+import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -57,25 +60,78 @@ def split_lines(data: bytes, origin: str) -> list[str]:
     is dropped (it is not text); UTF-16 and UTF-32 (a byte-order mark that says so) and bytes that
     are not UTF-8 are refused, naming the line.
     """
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    elif data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # (UTF-32's include them)
-        raise DataError(
-            f"{origin}, line 1: a UTF-16 or UTF-32 byte-order mark; re-encode the text as UTF-8 "
-            "(e.g. iconv -f utf-16 -t utf-8)"
-        )
+    data = _drop_bom(data, origin)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
-        raise DataError(
-            f"{origin}, line {line}: bytes that are not UTF-8 ({data[err.start : err.end]!r}); "
-            "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8)"
-        ) from None
+        raise _not_utf8(origin, line, data[err.start : err.end]) from None
     if text.endswith("\n"):
         text = text[:-1]
     lines = text.split("\n") if text else []
     return [s[:-1] if s.endswith("\r") else s for s in lines]
+
+
+def _drop_bom(data: bytes, origin: str) -> bytes:
+    """The text without a UTF-8 byte-order mark; a UTF-16 or UTF-32 one is refused."""
+    if data.startswith(codecs.BOM_UTF8):
+        return data[len(codecs.BOM_UTF8) :]
+    if data.startswith((codecs.BOM_UTF16_LE, codecs.BOM_UTF16_BE)):  # (UTF-32's include them)
+        raise DataError(
+            f"{origin}, line 1: a UTF-16 or UTF-32 byte-order mark; re-encode the text as UTF-8 "
+            "(e.g. iconv -f utf-16 -t utf-8)"
+        )
+    return data
+
+
+def _not_utf8(origin: str, line: int, bad: bytes) -> DataError:
+    return DataError(
+        f"{origin}, line {line}: bytes that are not UTF-8 ({bad!r}); re-encode the file as UTF-8 "
+        "(e.g. iconv -f latin1 -t utf-8)"
+    )
+
+
+def _open_input(path: str):
+    """A text source as bytes: ``-`` (standard input), a ``.gz`` file or a plain one."""
+    if path == "-":
+        return contextlib.nullcontext(sys.stdin.buffer)
+    return _open_bytes(Path(path))
+
+
+def read_line_chunks(path: str, size: int, skip: int = 0) -> Iterator[tuple[int, list[str]]]:
+    """(the index of its first line, up to ``size`` lines) chunks of a text file (``-`` for
+    standard input), from line ``skip`` on, without reading the file whole: the lines and errors
+    :func:`split_lines` gives the whole file. Lines before ``skip`` are read, not decoded."""
+    origin = "input=-" if path == "-" else path
+    chunk: list[str] = []
+    with _open_input(path) as f:
+        for number, raw in enumerate(f):  # bytes up to and with each b"\n"
+            if number == 0:
+                raw = _drop_bom(raw, origin)
+            if number < skip:
+                continue
+            raw = raw.removesuffix(b"\n").removesuffix(b"\r")
+            try:
+                chunk.append(raw.decode("utf-8"))
+            except UnicodeDecodeError as err:
+                raise _not_utf8(origin, number + 1, raw[err.start : err.end]) from None
+            if len(chunk) == size:
+                yield number + 1 - size, chunk
+                chunk = []
+    if chunk:
+        yield number + 1 - len(chunk), chunk
+
+
+def count_lines(path: str) -> int | None:
+    """Lines of a plain file (a last one without its line end counts), counted in blocks; None
+    for standard input and gzipped files (not known without reading them twice)."""
+    if path == "-" or path.endswith(".gz"):
+        return None
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
 
 
 def read_parallel_files(src_path: Path, tgt_path: Path) -> ParallelText:
