@@ -284,18 +284,17 @@ class DeviceTraffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(beam_size):
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(strategy):
     """The one sync of a step reads how many sentences are done; the ids it bans are tensors made
-    once. Counted on CPU, through the ops that a GPU would run."""
+    once; sampling's random numbers are made on the device. Counted on CPU, through the ops that
+    a GPU would run."""
     model, src = random_model(), sources()
     limits = dict(bos_id=BOS, eos_id=EOS, max_lengths=torch.tensor([4, 5, 6, 7]))
+    search = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}[strategy]
+    options = DecodeOptions(strategy=strategy, beam_size=3, min_len=4)
     with DeviceTraffic() as traffic:
-        if beam_size == 1:
-            hyps = greedy_decode(model, src, DecodeOptions(strategy="greedy", min_len=4), **limits)
-        else:
-            hyps = beam_search(model, src, DecodeOptions(beam_size=3, min_len=4), **limits)
-        out = [h[0].tokens for h in hyps]
+        out = [h[0].tokens for h in search(model, src, options, **limits)]
     assert len({len(tokens) for tokens in out}) > 1  # sentences left the batch at different steps
     counts = traffic.counts
     assert counts["steps"] >= 5

@@ -103,7 +103,7 @@ def sample(
     (:func:`transformer.decoding.greedy.decode_rows`); each sample is a row of its own.
     """
     B, N = src.size(0), options.nbest
-    sentences = torch.arange(B) if sentence_ids is None else sentence_ids
+    sentences = torch.arange(B, device=src.device) if sentence_ids is None else sentence_ids
     sentences = sentences.to(src.device, torch.long).repeat_interleave(N)  # (B * N,)
     samples = torch.arange(N, device=src.device).repeat(B)  # (B * N,)
     if N > 1:  # each sample a row of its own
