@@ -198,7 +198,11 @@ def _input_lines(cfg: DictConfig, done: int) -> tuple[Any, int | None]:
 
 
 def _translate_file(
-    cfg: DictConfig, translator: Any, options: DecodeOptions, max_tokens: int, out_dir: Path
+    cfg: DictConfig,
+    translator: Translator | CT2Translator,
+    options: DecodeOptions,
+    max_tokens: int,
+    out_dir: Path,
 ) -> dict[str, Any]:
     """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
     path, done = _output(cfg, out_dir, "hypotheses.txt", options.nbest)

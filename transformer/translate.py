@@ -46,7 +46,8 @@ def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
 @dataclass
 class Translation:
     text: str
-    score: float | None  # log-probability / length ** len_penalty; None: not decoded (blank)
+    score: float | None  # log-probability / length ** len_penalty; None: a blank line's, or
+    # CTranslate2's greedy translation (it returns no score)
     alignment: str | None = None  # "0-0 1-2 ...": source-target word pairs (decode.alignment)
 
 
