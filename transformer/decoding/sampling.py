@@ -58,28 +58,28 @@ def uniforms(states: Tensor, t: int) -> Tensor:
 def sample_tokens(
     lprobs: Tensor, u: Tensor, temperature: float = 1.0, top_k: int = 0, top_p: float = 1.0
 ) -> Tensor:
-    """(n, V) log-probabilities (banned ids at -inf) and (n,) numbers in [0, 1) -> (n,) ids.
+    """(n, V) log-probabilities (banned ids at -inf) and (n,) float64 numbers in [0, 1) -> (n,)
+    ids.
 
     The distribution: softmax(lprobs / temperature), kept to its ``top_k`` likeliest ids (0 =
     all), then to the fewest likeliest ids whose probability adds up to at least ``top_p`` of
-    what is kept, renormalised; the id drawn is the first whose cumulative probability exceeds
-    ``u`` (inverse transform sampling).
+    what is kept, renormalised. The id drawn is the first whose cumulative probability exceeds
+    ``u`` times the total (inverse transform sampling); summed in float64, that total exceeds any
+    ``u`` times it, so an id of probability 0 (banned, or cut off) is never drawn. With top-k the
+    sums run over the k ids only; top-p alone sorts the vocabulary.
     """
-    probs = (lprobs.double() / temperature).softmax(-1)  # (n, V), float64 for the sums
-    V = probs.size(-1)
-    if 0 < top_k < V:
-        keep = torch.zeros_like(probs, dtype=torch.bool).scatter_(
-            1, probs.topk(top_k).indices, True
-        )
-        probs = probs.masked_fill(~keep, 0.0)
-    if top_p < 1:
-        ranked, order = probs.sort(-1, descending=True)  # (n, V)
-        likelier = ranked.cumsum(-1) - ranked  # mass of the ids ranked before each
-        ranked = ranked.masked_fill(likelier >= top_p * ranked.sum(-1, keepdim=True), 0.0)
-        probs = torch.zeros_like(probs).scatter_(1, order, ranked)
-    cdf = probs.cumsum(-1)  # (n, V)
+    logits = lprobs / temperature  # (n, V)
+    ids = None  # the vocabulary's order, unless ranked
+    if 0 < top_k < logits.size(-1):
+        logits, ids = logits.topk(top_k)  # (n, k), likeliest first
+    elif top_p < 1:
+        logits, ids = logits.sort(-1, descending=True)  # (n, V)
+    probs = logits.softmax(-1).double()
+    if top_p < 1:  # ranked: keep an id while the likelier ones hold less than top_p
+        probs = probs.masked_fill(probs.cumsum(-1) - probs >= top_p, 0.0)
+    cdf = probs.cumsum(-1)
     drawn = torch.searchsorted(cdf, (u * cdf[:, -1]).unsqueeze(1), right=True)  # (n, 1)
-    return drawn.squeeze(1).clamp_(max=V - 1)
+    return (drawn if ids is None else ids.gather(1, drawn)).squeeze(1)
 
 
 @torch.no_grad()
