@@ -1,9 +1,10 @@
 """Score a checkpoint: ``python evaluate.py ckpt_path=PATH [split=...] [decode.beam_size=5]``.
 
-``input=FILE`` (or ``input=-`` for stdin) translates lines of text instead. See the README's
-Evaluation section.
+``input=FILE`` (or ``input=-`` for stdin) translates lines of text instead, ``score=true`` scores
+given translations. See the README's Evaluation section.
 """
 
+import shutil
 import sys
 
 import hydra
@@ -11,6 +12,12 @@ from omegaconf import DictConfig
 
 from transformer.errors import UserError
 from transformer.evaluation import evaluate
+
+
+def _print_file(path: str) -> None:
+    sys.stdout.flush()
+    with open(path, "rb") as f:
+        shutil.copyfileobj(f, sys.stdout.buffer)
 
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
@@ -22,15 +29,24 @@ def main(cfg: DictConfig) -> None:
     if "analysis" in result:
         print(f"analysis={result['analysis']}: written to {result['out_dir']}")
         return
-    if "translations" in result:
-        for sentence in result["translations"]:
-            for t in sentence:
-                print(t.text if t.score is None else f"{t.score:.4f}\t{t.text}")
+    if "output" in result:  # input=...'s translations or score=true's scores: a file
+        if cfg.output is None:  # the run directory's: to stdout
+            _print_file(result["output"])
+        else:
+            done = result["resumed_at"]
+            before = f" ({done} before this run)" if done else ""
+            print(f"{result['lines']} input lines{before}: {result['output']}")
         return
     decode = result["decode"]
-    search = "greedy" if decode["strategy"] == "greedy" else f"beam {decode['beam_size']}"
+    search = {
+        "greedy": "greedy",
+        "beam": f"beam {decode['beam_size']}, len_penalty {decode['len_penalty']}",
+        "sample": f"sample (temperature {decode['temperature']}, top_k {decode['top_k']}, "
+        f"top_p {decode['top_p']}, seed {decode['seed']})",
+    }[decode["strategy"]]
+    models = f"ensemble of {len(result['checkpoints'])}" if result["ensemble"] else ""
     print(f"{result['split']} ({result['direction']}, {result['num_sentences']} sentences, "
-          f"{search}, len_penalty {decode['len_penalty']})")  # fmt: skip
+          f"{search}{', ' + models if models else ''})")  # fmt: skip
     print(f"BLEU = {result['bleu']:.2f}  {result['signature']['bleu']}")
     print(f"BLEU lowercased = {result['bleu_lc']:.2f}  {result['signature']['bleu_lc']}")
     print(f"chrF = {result['chrf']:.2f}  {result['signature']['chrf']}")

@@ -14,7 +14,8 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 from tests.test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
 from tests.tiny import lengths_to_pad_mask, padded_batch, tiny_model, tiny_model_config
 from transformer import KVCache, MultiheadAttention
-from transformer.decoding import DecodeOptions, beam_search, greedy_decode
+from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
+from transformer.decoding.sampling import streams, uniforms
 from transformer.lit_module import TranslationModule, hidden_states
 from transformer.optim import build_optimizer
 
@@ -89,6 +90,22 @@ def test_bf16_decoding_on_cuda_scores_like_float32_on_cpu():
         lprobs[0, EOS] = float("-inf")  # min_len=1
         chosen = lprobs.gather(1, torch.tensor([tokens]).T).squeeze(1)  # (t,)
         assert (chosen >= lprobs.max(-1).values - 0.05).all()
+
+
+def test_sampling_draws_the_numbers_of_the_cpu():
+    """The hash behind sampling's draws is integer arithmetic: the GPU's numbers are the CPU's,
+    bit for bit; a float32 model's samples then match wherever no draw falls on a boundary
+    within the devices' rounding (all of them, for this model)."""
+    sentences, samples = torch.arange(1000) * 7919, torch.arange(1000) % 3
+    for t in (0, 5):
+        cpu = uniforms(streams(11, sentences, samples), t)
+        gpu = uniforms(streams(11, sentences.to(CUDA), samples.to(CUDA)), t)
+        assert torch.equal(gpu.cpu(), cpu)
+    model, src = random_model(), sources()
+    options = DecodeOptions(strategy="sample", nbest=2, max_len_b=6, top_p=0.9, seed=2)
+    cpu = sample(model, src, options, bos_id=BOS, eos_id=EOS)
+    gpu = sample(copy.deepcopy(model).to(CUDA), src.to(CUDA), options, bos_id=BOS, eos_id=EOS)
+    assert [[h.tokens for h in s] for s in gpu] == [[h.tokens for h in s] for s in cpu]
 
 
 def test_compiled_forward_and_backward_equal_eager_on_unaligned_padded_batches():

@@ -1,4 +1,5 @@
-"""Decoding: beam hypotheses from a scripted decoder; greedy, beam, cached, uncached agree."""
+"""Decoding: beam hypotheses from a scripted decoder; greedy, beam, sampling, cached, uncached,
+one model and ensembles agree with brute force and with each other."""
 
 import copy
 import math
@@ -11,7 +12,14 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.tiny import tiny_model
 from transformer import Transformer, TransformerConfig
-from transformer.decoding import DecodeOptions, beam_search, greedy_decode, max_output_lengths
+from transformer.decoding import (
+    DecodeOptions,
+    beam_search,
+    greedy_decode,
+    max_output_lengths,
+    sample,
+)
+from transformer.decoding.sampling import mix64, streams, uniforms
 
 PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
 V = 7
@@ -121,6 +129,21 @@ def test_no_repeat_ngram() -> None:
 def test_invalid_options_raise() -> None:
     with pytest.raises(ValueError, match="nbest=3 must be between 1 and beam_size=2"):
         search({}, beam_size=2, nbest=3)
+    cases = [
+        (dict(top_k=5), r"decode\.top_k=5 is a sampling option; set decode\.strategy=sample"),
+        (dict(strategy="greedy", seed=1), r"decode\.seed=1 is a sampling option"),
+        (dict(strategy="sample", temperature=0), r"decode\.temperature must be > 0"),
+        (dict(strategy="sample", top_p=0.0), r"decode\.top_p must be in \(0, 1\]"),
+        (dict(strategy="sample", top_k=-1), r"decode\.top_k must be >= 0"),
+        (dict(strategy="greedy", nbest=2), r"set decode\.strategy=beam \(or sample"),
+        (dict(alignment="yes"), r"decode\.alignment must be true or false"),
+        (dict(alignment_head=-1), r"decode\.alignment_head must be a head index >= 0 or null"),
+        (dict(strategy="top"), r"decode\.strategy='top'; choose one of 'greedy' or 'beam' or"),
+    ]
+    for options, message in cases:
+        with pytest.raises(ValueError, match=message):
+            DecodeOptions(**options)
+    assert DecodeOptions(strategy="sample", nbest=8, beam_size=2).nbest == 8  # samples, not beams
 
 
 # A real (untrained) model: agreement between decoding paths.
@@ -138,15 +161,18 @@ def sources() -> torch.Tensor:
 
 
 def brute_force_greedy(
-    model: Transformer, src: torch.Tensor, max_len: int, min_len: int
+    model: Transformer | list[Transformer], src: torch.Tensor, max_len: int, min_len: int
 ) -> list[list[int]]:
-    """Re-run the full model on the whole prefix at every step, one sentence at a time."""
+    """Re-run the full model on the whole prefix at every step, one sentence at a time; for a
+    list of models, the log of the mean of their probabilities."""
+    models = model if isinstance(model, list) else [model]
     out = []
     for row in src:
         row = row[row.ne(PAD)].unsqueeze(0)
         prefix = [BOS]
         while True:
-            logits = model(row, torch.tensor([prefix]))[0, -1]
+            probs = [m(row, torch.tensor([prefix]))[0, -1].softmax(-1) for m in models]
+            logits = (sum(probs) / len(probs)).log()
             logits[[PAD, BOS]] = float("-inf")
             if len(prefix) - 1 < min_len:
                 logits[EOS] = float("-inf")
@@ -258,21 +284,200 @@ class DeviceTraffic(TorchDispatchMode):
         return func(*args, **(kwargs or {}))
 
 
-@pytest.mark.parametrize("beam_size", [1, 3])
-def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(beam_size):
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(strategy):
     """The one sync of a step reads how many sentences are done; the ids it bans are tensors made
-    once. Counted on CPU, through the ops that a GPU would run."""
+    once; sampling's random numbers are made on the device. Counted on CPU, through the ops that
+    a GPU would run."""
     model, src = random_model(), sources()
     limits = dict(bos_id=BOS, eos_id=EOS, max_lengths=torch.tensor([4, 5, 6, 7]))
+    search = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}[strategy]
+    options = DecodeOptions(strategy=strategy, beam_size=3, min_len=4)
     with DeviceTraffic() as traffic:
-        if beam_size == 1:
-            hyps = greedy_decode(model, src, DecodeOptions(strategy="greedy", min_len=4), **limits)
-        else:
-            hyps = beam_search(model, src, DecodeOptions(beam_size=3, min_len=4), **limits)
-        out = [h[0].tokens for h in hyps]
+        out = [h[0].tokens for h in search(model, src, options, **limits)]
     assert len({len(tokens) for tokens in out}) > 1  # sentences left the batch at different steps
     counts = traffic.counts
     assert counts["steps"] >= 5
     assert counts["reads"] == counts["steps"] + 1  # + the longest output, before the loop
     assert counts["sized_by_device"] == 0
     assert counts["from_host"] == 2  # the banned ids, once
+
+
+# Greedy scores; ensembles.
+
+
+@pytest.mark.parametrize("len_penalty", [0.0, 1.0])
+def test_greedy_scores_are_teacher_forced_log_probabilities(len_penalty: float) -> None:
+    model, src = random_model(), sources()
+    limits = dict(max_len_b=6, len_penalty=len_penalty)
+    greedy = greedy_decode(model, src, DecodeOptions("greedy", **limits), bos_id=BOS, eos_id=EOS)
+    for row, (h,) in zip(src, greedy, strict=True):
+        exact = teacher_forced_score(model, row[row.ne(PAD)], h.tokens)
+        assert h.score == pytest.approx(exact / (len(h.tokens) + 1) ** len_penalty, abs=1e-4)
+    beam = beam_search(model, src, DecodeOptions(beam_size=1, **limits), bos_id=BOS, eos_id=EOS)
+    assert [h[0].score for h in beam] == pytest.approx([h[0].score for h in greedy], abs=1e-5)
+
+
+def decode_all(models, src, options: DecodeOptions, **kwargs):
+    search = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}[options.strategy]
+    hyps = search(models, src, options, bos_id=BOS, eos_id=EOS, **kwargs)
+    return [[h.tokens for h in s] for s in hyps], [[h.score for h in s] for s in hyps]
+
+
+ALL_STRATEGIES = [
+    DecodeOptions(strategy="greedy", max_len_b=8),
+    DecodeOptions(beam_size=3, nbest=3, max_len_b=8),
+    DecodeOptions(strategy="sample", nbest=2, max_len_b=8, seed=5, top_k=10),
+]
+
+
+@pytest.mark.parametrize("options", ALL_STRATEGIES, ids=["greedy", "beam", "sample"])
+def test_an_ensemble_of_one_model_or_of_copies_of_it_decodes_as_the_model(options) -> None:
+    model, src = random_model(), sources()
+    tokens, scores = decode_all(model, src, options)
+    assert decode_all([model], src, options) == (tokens, scores)
+    copies_tokens, copies_scores = decode_all([model, copy.deepcopy(model)], src, options)
+    assert copies_tokens == tokens
+    assert copies_scores == [pytest.approx(s, abs=1e-5) for s in scores]
+
+
+def test_an_ensemble_of_two_models_decodes_their_mean_probabilities() -> None:
+    torch.manual_seed(1)
+    models, src = [random_model(), random_model()], sources()
+    limits = dict(max_len_a=0.5, max_len_b=4, min_len=1)
+    greedy = decode_all(models, src, DecodeOptions(strategy="greedy", **limits))[0]
+    lengths = max_output_lengths(src.ne(PAD).sum(1), 0.5, 4, 1, cap=1000).tolist()
+    assert [s[0] for s in greedy] == [
+        brute_force_greedy(models, src[i : i + 1], lengths[i], 1)[0] for i in range(len(src))
+    ]
+    assert greedy != decode_all(models[0], src, DecodeOptions(strategy="greedy", **limits))[0]
+    beam = DecodeOptions(beam_size=3, nbest=2, **limits)
+    cached, uncached = decode_all(models, src, beam), decode_all(models, src, beam, use_cache=False)
+    assert cached[0] == uncached[0]
+    assert cached[1] == [pytest.approx(s, abs=1e-4) for s in uncached[1]]
+    with pytest.raises(ValueError, match="one target vocabulary"):
+        greedy_decode([models[0], tiny_model(41)], src, DecodeOptions(), bos_id=BOS, eos_id=EOS)
+
+
+# Sampling.
+
+
+def splitmix64_finaliser(x: int) -> int:
+    """The reference, on Python's unbounded integers."""
+    mask = (1 << 64) - 1
+    x &= mask
+    x = ((x ^ (x >> 30)) * 0xBF58476D1CE4E5B9) & mask
+    x = ((x ^ (x >> 27)) * 0x94D049BB133111EB) & mask
+    return x ^ (x >> 31)
+
+
+def test_the_hash_is_splitmix64_and_its_numbers_look_uniform() -> None:
+    xs = [0, 1, 2, 12345, -5, 2**62, -(2**63), 2**63 - 1]
+    expected = [splitmix64_finaliser(x) for x in xs]
+    assert [x & ((1 << 64) - 1) for x in mix64(torch.tensor(xs)).tolist()] == expected
+    n = 100_000
+    u = uniforms(streams(0, torch.arange(n), torch.zeros(n, dtype=torch.long)), t=3)
+    assert 0 <= float(u.min()) and float(u.max()) < 1
+    counts = torch.histc(u.float(), bins=20, min=0, max=1)
+    assert chi_square(counts, torch.full((20,), n / 20)) < chi_square_limit(19)
+
+
+def chi_square(observed: torch.Tensor, expected: torch.Tensor) -> float:
+    return float(((observed - expected) ** 2 / expected).sum())
+
+
+def chi_square_limit(df: int, z: float = 3.09) -> float:
+    """The chi-square distribution's 99.9% quantile (Wilson-Hilferty approximation)."""
+    return df * (1 - 2 / (9 * df) + z * math.sqrt(2 / (9 * df))) ** 3
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        dict(top_k=1),
+        dict(top_p=1e-6),
+        dict(temperature=1e-4),
+        dict(top_k=1, temperature=3.0, top_p=0.5),
+    ],
+    ids=["top_k=1", "top_p_tiny", "cold", "top_k=1_hot"],
+)
+def test_sampling_the_likeliest_token_only_is_greedy_decoding(options) -> None:
+    model, src = random_model(), sources()
+    limits = dict(max_len_b=8, min_len=2, no_repeat_ngram_size=2)
+    greedy = decode_all(model, src, DecodeOptions(strategy="greedy", **limits))
+    sampled = decode_all(model, src, DecodeOptions(strategy="sample", **limits, **options))
+    assert sampled[0] == greedy[0]
+    assert sampled[1] == [pytest.approx(s, abs=1e-6) for s in greedy[1]]
+
+
+def first_token_distribution(
+    model: Transformer, row: torch.Tensor, temperature: float, top_k: int, top_p: float
+) -> list[float]:
+    """What the first token should be drawn from, computed on the whole model: bos, pad and eos
+    (min_len 1) banned, tempered, the top_k likeliest, then the smallest nucleus >= top_p."""
+    with torch.no_grad():
+        lprobs = model(row.unsqueeze(0), torch.tensor([[BOS]]))[0, -1].double().log_softmax(-1)
+    lprobs[[PAD, BOS, EOS]] = float("-inf")
+    probs = (lprobs / temperature).softmax(-1).tolist()
+    ranked = sorted(range(len(probs)), key=lambda i: -probs[i])
+    kept = ranked[:top_k] if top_k else ranked
+    total, nucleus = sum(probs[i] for i in kept), []
+    for i in kept:
+        if sum(probs[j] for j in nucleus) >= top_p * total:
+            break
+        nucleus.append(i)
+    mass = sum(probs[i] for i in nucleus)
+    return [probs[i] / mass if i in nucleus else 0.0 for i in range(len(probs))]
+
+
+@pytest.mark.parametrize(
+    ("temperature", "top_k", "top_p"),
+    [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 8, 1.0), (1.0, 0, 0.5), (0.7, 12, 0.8)],
+)
+def test_first_tokens_follow_the_tempered_truncated_distribution(temperature, top_k, top_p):
+    """20,000 draws of one sentence's first token (each its own sentence index) against the
+    distribution computed from the full model: a chi-square test at the 0.1% level, and no draw
+    outside the kept tokens."""
+    model, row = random_model(), sources()[0]
+    n = 20_000
+    options = DecodeOptions(
+        strategy="sample", temperature=temperature, top_k=top_k, top_p=top_p, seed=7
+    )
+    src = row.expand(n, -1)
+    hyps = sample(model, src, options, bos_id=BOS, eos_id=EOS, max_lengths=torch.ones(n))
+    counts = torch.bincount(torch.tensor([h[0].tokens[0] for h in hyps]), minlength=V_MODEL)
+    probs = torch.tensor(first_token_distribution(model, row, temperature, top_k, top_p))
+    support = probs > 0
+    assert counts[~support].sum() == 0
+    assert chi_square(counts[support].double(), n * probs[support]) < chi_square_limit(
+        int(support.sum()) - 1
+    )
+    if top_k:
+        assert int(support.sum()) <= top_k
+
+
+V_MODEL = 40  # random_model's vocabulary
+
+
+def test_samples_are_reproducible_and_independent_of_the_batch() -> None:
+    model, src = random_model(), sources()
+    options = DecodeOptions(strategy="sample", max_len_b=8, seed=3)
+    first = decode_all(model, src, options)
+    assert decode_all(model, src, options) == first
+    other_seed = decode_all(model, src, DecodeOptions(strategy="sample", max_len_b=8, seed=4))
+    assert other_seed[0] != first[0]
+    ids = torch.tensor([10, 11, 12, 13])
+    numbered = decode_all(model, src, options, sentence_ids=ids)
+    assert numbered[0] != first[0]  # the draws follow the sentence's index
+    order = torch.tensor([2, 0, 3, 1])
+    shuffled = decode_all(model, src[order], options, sentence_ids=ids[order])
+    assert [shuffled[0][order.tolist().index(i)] for i in range(4)] == numbered[0]
+    for i, row in enumerate(src):
+        alone = decode_all(
+            model, row[row.ne(PAD)].unsqueeze(0), options, sentence_ids=ids[i : i + 1]
+        )
+        assert alone[0] == [numbered[0][i]]
+    three = decode_all(model, src, DecodeOptions(strategy="sample", max_len_b=8, seed=3, nbest=3))
+    for one, many, scores in zip(first[0], three[0], three[1], strict=True):
+        assert one[0] in many  # sample 0 is the same whatever nbest
+        assert scores == sorted(scores, reverse=True)

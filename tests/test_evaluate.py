@@ -1,4 +1,5 @@
-"""evaluate.py end to end on a tiny trained checkpoint; checkpoint averaging and bad checkpoints."""
+"""evaluate.py end to end on a tiny trained checkpoint: scores, files translated in chunks and
+resumed, forced scoring, ensembles, alignments; checkpoint averaging and bad checkpoints."""
 
 from __future__ import annotations
 
@@ -16,8 +17,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.tiny import CONFIGS, REPO, compose_cfg, tiny_overrides
-from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
+from transformer.checkpoints import (
+    average_checkpoints,
+    load_checkpoint,
+    model_from_checkpoint,
+    tokenizers_from_checkpoint,
+)
 from transformer.checkpoints import main as average_main
+from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.evaluation import evaluate
 from transformer.training import train
@@ -73,7 +80,7 @@ def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     out = evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode=greedy", f"input={text}"], tmp_path))
     translations = lines(tmp_path / "hypotheses.txt")
     assert translations[:5] == lines(tmp_path / "split" / "hypotheses.txt")[:5]
-    assert translations[5] == "" and len(out["translations"]) == 7
+    assert translations[5] == "" and len(translations) == out["lines"] == 7
 
 
 def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, caplog) -> None:
@@ -216,11 +223,15 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     assert "sentences/s" in done.stdout
     assert (tmp_path / "score" / "metrics.json").is_file()
     piped = subprocess.run(
-        [*run, "input=-", "decode.nbest=2", f"hydra.run.dir={tmp_path / 'stdin'}"],
+        [*run, "input=-", "decode.nbest=2", "decode.print_scores=true",
+         f"hydra.run.dir={tmp_path / 'stdin'}"],
         cwd=REPO, input="a dog runs\nthe man\n", capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert piped.returncode == 0, piped.stderr
-    assert len(piped.stdout.splitlines()) == 4  # 2 lines x 2-best, "score<TAB>text" each
+    scored = [line.split("\t") for line in piped.stdout.splitlines()]
+    assert len(scored) == 4  # 2 lines x 2-best, "score<TAB>text" each
+    assert all(len(fields) == 2 and float(fields[0]) < 0 for fields in scored)
+    assert piped.stdout == (tmp_path / "stdin" / "hypotheses.txt").read_text()
     missing = subprocess.run(
         [sys.executable, "evaluate.py", f"ckpt_path={tmp_path / 'none.ckpt'}",
          f"hydra.run.dir={tmp_path / 'missing'}"],
@@ -303,3 +314,146 @@ def test_length_batches_fill_the_token_budget_longest_first() -> None:
     assert length_batches(lengths, 20) == [[4], [1, 3], [2, 0]]
     assert length_batches(lengths, 1000) == [[4, 1, 3, 2, 0]]
     assert length_batches({}, 20) == []
+
+
+# Files of any size: chunks, resume, nbest, scores, alignments; forced scoring; ensembles.
+
+
+def source_file(corpus: Path, path: Path) -> Path:
+    """The test split's sources with two blank lines among them: 34 lines."""
+    sources = lines(corpus / "test.en")
+    path.write_text("\n".join([*sources[:10], "", *sources[10:20], "", *sources[20:]]) + "\n")
+    return path
+
+
+@pytest.mark.parametrize(
+    "decode",
+    [
+        ["decode=greedy"],
+        ["decode.beam_size=3", "decode.nbest=2", "decode.print_scores=true"],
+        ["decode=sample", "decode.nbest=3", "decode.top_k=5", "decode.seed=1"],
+    ],
+    ids=["greedy", "beam_nbest_scores", "sample_nbest"],
+)
+def test_a_file_translated_in_chunks_and_resumed_after_a_kill_equals_one_run(
+    trained, tmp_path, decode
+) -> None:
+    """A kill mid-write leaves whole chunks and part of one: the run resumed on that output
+    writes the file one uninterrupted run writes, with any chunk size (sampling included: a
+    line's draws follow its line number, not its batch)."""
+    ckpt, corpus = trained
+    source = source_file(corpus, tmp_path / "source.en")
+    run = [f"ckpt_path={ckpt}", f"input={source}", *decode]
+    whole = tmp_path / "whole.txt"
+    out = evaluate(eval_cfg([*run, f"output={whole}", "input_chunk=100"], tmp_path / "a"))
+    per_line = 1 if decode == ["decode=greedy"] else int(decode[1].split("=")[1])
+    assert out == {"output": str(whole), "lines": 34, "resumed_at": 0, "decode": out["decode"],
+                   "checkpoints": [str(ckpt)]}  # fmt: skip
+    expected = whole.read_bytes()
+    assert len(lines(whole)) == 34 * per_line
+    assert not (tmp_path / "a" / "hypotheses.txt").exists()  # output= took its place
+    for chunk, cut in [(7, 3), (5, 7 * per_line + 1)]:
+        killed = tmp_path / f"killed{chunk}.txt"
+        kept = b"".join(expected.splitlines(keepends=True)[:cut])
+        killed.write_bytes(kept + b"half a transl")  # a line cut short, no line end
+        resumed = evaluate(eval_cfg([*run, f"output={killed}", f"input_chunk={chunk}"], tmp_path))
+        assert resumed["resumed_at"] == cut // per_line and resumed["lines"] == 34
+        assert killed.read_bytes() == expected
+    again = evaluate(eval_cfg([*run, f"output={whole}"], tmp_path / "b"))  # nothing left to do
+    assert again["resumed_at"] == 34 and whole.read_bytes() == expected
+
+
+def test_an_output_of_another_input_and_misplaced_options_are_refused(trained, tmp_path):
+    ckpt, corpus = trained
+    source = source_file(corpus, tmp_path / "source.en")
+    longer = tmp_path / "longer.txt"
+    longer.write_text("x\n" * 40)
+    run = [f"ckpt_path={ckpt}", "decode=greedy"]
+    with pytest.raises(ConfigError, match=r"holds results for 40 lines but input=.* has 34"):
+        evaluate(eval_cfg([*run, f"input={source}", f"output={longer}"], tmp_path))
+    cases = [
+        (["output=x.txt"], "output=x.txt is where input=FILE's translations or score=true's"),
+        ([f"input={source}", "input_chunk=0"], r"input_chunk must be an integer >= 1"),
+        (["engine=ctranslate2", "ensemble=true"], "ensemble=true runs our decoder; use engine"),
+        (["engine=ctranslate2", "decode=sample"], "decode.strategy=sample runs our decoder"),
+        (["analysis=maps", "score=true"], "analysis=maps reads one model's attention"),
+        (["score=maybe"], "score must be true or false"),
+        (["scoring.len_penalty=x"], "scoring.len_penalty must be a number"),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            evaluate(eval_cfg([*run, *overrides], tmp_path / "out"))
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("a dog\tein hund\na cat\n")
+    with pytest.raises(DataError, match=r"pairs.tsv, line 2: 1 tab-separated fields; score=true"):
+        evaluate(eval_cfg([*run, "score=true", f"input={tsv}"], tmp_path / "out"))
+
+
+@torch.no_grad()
+def teacher_forced(ckpt: Path, source: str, target: str) -> list[float]:
+    """One unbatched model call: the log-probability of each target piece and of eos."""
+    loaded = load_checkpoint(ckpt)
+    model = model_from_checkpoint(loaded).eval()
+    src_tok, tgt_tok = tokenizers_from_checkpoint(loaded, ckpt)
+    y = tgt_tok.encode(target)
+    src = torch.tensor([[*src_tok.encode(source), EOS_ID]])
+    lprobs = model(src, torch.tensor([[BOS_ID, *y]]))[0].log_softmax(-1)  # (len(y) + 1, V)
+    return lprobs.gather(1, torch.tensor([[*y, EOS_ID]]).T).squeeze(1).tolist()
+
+
+def test_scores_of_the_split_or_a_tsv_are_teacher_forced_log_probabilities(trained, tmp_path):
+    ckpt, corpus = trained
+    sources, references = lines(corpus / "test.en"), lines(corpus / "test.de")
+    run = [f"ckpt_path={ckpt}", "score=true", "scoring.per_token=true", "decode.max_tokens=64"]
+    out = evaluate(eval_cfg([*run, "scoring.len_penalty=1.0"], tmp_path / "split"))
+    assert out["lines"] == 32 and out["output"] == str(tmp_path / "split" / "scores.txt")
+    rows = [line.split("\t") for line in lines(tmp_path / "split" / "scores.txt")]
+    for i in (0, 7, 31):
+        tokens = [float(x) for x in rows[i][1].split()]
+        exact = teacher_forced(ckpt, sources[i], references[i])
+        assert tokens == pytest.approx(exact, abs=1e-3)
+        assert float(rows[i][0]) == pytest.approx(sum(exact) / len(exact), abs=1e-3)  # per token
+    tsv = tmp_path / "pairs.tsv"
+    tsv.write_text("".join(f"{s}\t{r}\n" for s, r in zip(sources, references, strict=True)))
+    summed = tmp_path / "summed.txt"
+    evaluate(eval_cfg([*run, f"input={tsv}", f"output={summed}", "input_chunk=5"], tmp_path))
+    for row, line in zip(rows, lines(summed), strict=True):
+        total, tokens = line.split("\t")
+        assert tokens == row[1]
+        assert float(total) == pytest.approx(sum(float(x) for x in tokens.split()), abs=1e-3)
+
+
+def test_an_ensemble_of_copies_translates_as_the_model_and_averaging_stays_the_default(
+    trained, tmp_path
+):
+    ckpt, corpus = trained
+    tripled = load_checkpoint(ckpt)
+    tripled["state_dict"] = {k: v * 3 for k, v in tripled["state_dict"].items()}
+    torch.save(tripled, tmp_path / "tripled.ckpt")
+    one = evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode.beam_size=3"], tmp_path / "one"))
+    both = f"ckpt_path=[{ckpt},{ckpt}]"
+    copies = evaluate(eval_cfg([both, "ensemble=true", "decode.beam_size=3"], tmp_path / "two"))
+    assert lines(tmp_path / "two" / "hypotheses.txt") == lines(tmp_path / "one" / "hypotheses.txt")
+    assert copies["ensemble"] and not one["ensemble"] and copies["bleu"] == one["bleu"]
+    other = f"ckpt_path=[{ckpt},{tmp_path / 'tripled.ckpt'}]"
+    evaluate(eval_cfg([other, "ensemble=true", "decode=greedy"], tmp_path / "ensemble"))
+    evaluate(eval_cfg([other, "decode=greedy"], tmp_path / "average"))
+    ensembled, averaged = (lines(tmp_path / d / "hypotheses.txt") for d in ("ensemble", "average"))
+    assert ensembled != averaged  # the mean of probabilities, not of weights
+
+
+def test_alignments_pair_every_target_word_with_a_source_word(trained, tmp_path) -> None:
+    ckpt, corpus = trained
+    source = source_file(corpus, tmp_path / "source.en")
+    run = [f"ckpt_path={ckpt}", f"input={source}", "decode=greedy", "decode.alignment=true"]
+    evaluate(eval_cfg([*run, "decode.alignment_head=1", "decode.print_scores=true"], tmp_path))
+    for src, line in zip(lines(source), lines(tmp_path / "hypotheses.txt"), strict=True):
+        score, text, alignment = line.split("\t")
+        if not src:
+            assert (score, text, alignment) == ("", "", "")
+            continue
+        pairs = [tuple(map(int, pair.split("-"))) for pair in alignment.split()]
+        assert [t for _, t in pairs] == list(range(len(text.split())))
+        assert all(0 <= s < len(src.split()) for s, _ in pairs)
+    with pytest.raises(ConfigError, match=r"decode\.alignment_layer=5, but the model has 2"):
+        evaluate(eval_cfg([*run, "decode.alignment_layer=5"], tmp_path / "bad"))

@@ -228,6 +228,21 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     return averaged
 
 
+def load_ensemble(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
+    """The checkpoints of an ensemble, each whole: their models may differ in size and depth, not
+    in their tokenizers (one vocabulary, one id per piece)."""
+    if not paths:
+        raise CheckpointError("no checkpoints given")
+    ckpts = [load_checkpoint(p) for p in paths]
+    for path, ckpt in zip(paths[1:], ckpts[1:], strict=True):
+        if tokenizer_models(ckpt) != tokenizer_models(ckpts[0]):
+            raise CheckpointError(
+                f"{path} and {paths[0]} were trained with other tokenizers; an ensemble's models "
+                "must share them"
+            )
+    return ckpts
+
+
 def load_or_average(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
     """The checkpoint of one path, or the average of several (what evaluation and export read)."""
     if len(paths) > 1:

@@ -1,7 +1,10 @@
-"""``evaluate(cfg)``: score a checkpoint on a corpus split, or translate lines of text.
+"""``evaluate(cfg)``: score a checkpoint (or an ensemble) on a corpus split, translate a text file
+of any size, or score given translations (forced decoding).
 
 Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
-:func:`transformer.metrics.score_translations`, the function training's ``val/bleu`` uses.
+:func:`transformer.metrics.score_translations`, the function training's ``val/bleu`` uses. Files
+(``input=``, and forced scores) are processed a chunk of lines at a time and resumable
+(:mod:`transformer.streaming`).
 """
 
 from __future__ import annotations
@@ -9,7 +12,6 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -20,17 +22,20 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
+    load_ensemble,
     load_or_average,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
 from transformer.data.datamodule import TranslationDataModule
-from transformer.data.text_files import read_lines, split_lines
+from transformer.data.text_files import count_lines, read_line_chunks
 from transformer.decoding import DecodeOptions
-from transformer.errors import CheckpointError, ConfigError
+from transformer.decoding.scoring import sentence_score
+from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
-from transformer.translate import Translator
+from transformer.streaming import append_chunks, resume
+from transformer.translate import Translator, output_lines
 
 log = logging.getLogger(__name__)
 
@@ -87,9 +92,22 @@ def _no_match_hint(pattern: str) -> str:
     return ""
 
 
-def _checkpoint(ckpt_path: Any) -> tuple[dict[str, Any], list[str]]:
-    paths = checkpoint_paths(ckpt_path)
-    return load_or_average(paths), paths
+def _torch_translator(
+    cfg: DictConfig, device: torch.device, dtype: torch.dtype
+) -> tuple[Translator, dict[str, Any], list[str]]:
+    """engine=torch: the translator of the checkpoints ``ckpt_path`` (their average, or with
+    ``ensemble=true`` each its own model), the first checkpoint, and the paths."""
+    paths = checkpoint_paths(cfg.ckpt_path)
+    if cfg.ensemble:
+        ckpts, names = load_ensemble(paths), paths
+    else:
+        ckpts, names = [load_or_average(paths)], paths[:1]
+    src_tok, tgt_tok = tokenizers_from_checkpoint(ckpts[0], paths[0])
+    models = [
+        model_from_checkpoint(c, name).to(device, dtype)
+        for c, name in zip(ckpts, names, strict=True)
+    ]
+    return Translator(models, src_tok, tgt_tok), ckpts[0], paths
 
 
 def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> TranslationDataModule:
@@ -116,14 +134,134 @@ def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
     return DecodeOptions.from_dict(settings, prefix="decode"), max_tokens
 
 
-def _read_input(input_path: str) -> list[str]:
-    """The lines to translate, as the corpus files are read: UTF-8 (a byte-order mark dropped),
-    ``\\n`` or ``\\r\\n`` line ends only (a U+2028 inside a sentence stays in it), ``.gz``."""
-    if input_path == "-":
-        return split_lines(sys.stdin.buffer.read(), "input=-")
-    if not Path(input_path).is_file():
-        raise ConfigError(f"input={input_path}: no such file")
-    return read_lines(input_path)
+def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) -> None:
+    """The options that choose what evaluate does, checked together before any work."""
+    engine = cfg.get("engine", "torch")
+    for name in ("ensemble", "score"):
+        if not isinstance(cfg[name], bool):
+            raise ConfigError(f"{name} must be true or false, got {cfg[name]!r}")
+    chunk = cfg.input_chunk
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise ConfigError(f"input_chunk must be an integer >= 1 (lines), got {chunk!r}")
+    len_penalty, per_token = cfg.scoring.len_penalty, cfg.scoring.per_token
+    if isinstance(len_penalty, bool) or not isinstance(len_penalty, (int, float)):
+        raise ConfigError(f"scoring.len_penalty must be a number, got {len_penalty!r}")
+    if not isinstance(per_token, bool):
+        raise ConfigError(f"scoring.per_token must be true or false, got {per_token!r}")
+    if engine == "ctranslate2":
+        for wrong, name in (
+            (cfg.ensemble, "ensemble=true"),
+            (cfg.score, "score=true"),
+            (options.strategy == "sample", "decode.strategy=sample"),
+            (options.alignment, "decode.alignment=true"),
+        ):
+            if wrong:
+                raise ConfigError(f"{name} runs our decoder; use engine=torch")
+    if analysis is not None and (cfg.ensemble or cfg.score):
+        raise ConfigError(
+            f"analysis={analysis} reads one model's attention on the split; leave out "
+            "ensemble=true and score=true"
+        )
+    if cfg.output is not None and cfg.input is None and not cfg.score:
+        raise ConfigError(
+            f"output={cfg.output} is where input=FILE's translations or score=true's scores go; "
+            "a split's translations go to hypotheses.txt in the run directory (hydra.run.dir)"
+        )
+    if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
+        raise ConfigError(f"input={cfg.input}: no such file")
+
+
+def _output(cfg: DictConfig, out_dir: Path, default: str, lines_per_item: int) -> tuple[Path, int]:
+    """Where a file's results go (``output``, or ``default`` in the run directory) and how many
+    items it already holds (resumed with ``output`` only; the run directory's starts empty)."""
+    if cfg.output is None:
+        return out_dir / default, 0
+    path = Path(str(cfg.output))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    done = resume(path, lines_per_item)
+    if done:
+        log.info("%s holds the results of %d lines: resuming at line %d", path, done, done + 1)
+    return path, done
+
+
+def _input_lines(cfg: DictConfig, done: int) -> tuple[Any, int | None]:
+    """``input``'s chunks from line ``done`` on, and its line count where it is known; an output
+    holding more lines than the input is refused."""
+    source = str(cfg.input)
+    total = count_lines(source)
+    if total is not None and done > total:
+        raise ConfigError(
+            f"output={cfg.output} holds results for {done} lines but input={source} has {total}: "
+            "it belongs to another input; delete it or choose another output="
+        )
+    return read_line_chunks(source, cfg.input_chunk, skip=done), total
+
+
+def _translate_file(
+    cfg: DictConfig,
+    translator: Translator | CT2Translator,
+    options: DecodeOptions,
+    max_tokens: int,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
+    path, done = _output(cfg, out_dir, "hypotheses.txt", options.nbest)
+    chunks, total = _input_lines(cfg, done)
+
+    def translate(lines: list[str], first: int) -> list[str]:
+        return output_lines(translator.translate(lines, options, max_tokens, first), options)
+
+    written = append_chunks(path, chunks, translate, total, done)
+    return {"output": str(path), "lines": done + written, "resumed_at": done}
+
+
+def _score_pairs(
+    cfg: DictConfig,
+    translator: Translator,
+    ckpt: dict[str, Any],
+    paths: list[str],
+    max_tokens: int,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """score=true: the forced score of each pair of the split (or of input=FILE's
+    ``source<TAB>target`` lines), one line each."""
+    path, done = _output(cfg, out_dir, "scores.txt", 1)
+    len_penalty, per_token = float(cfg.scoring.len_penalty), cfg.scoring.per_token
+    if cfg.input is not None:
+        lines, total = _input_lines(cfg, done)
+        chunks = ((first, _pairs(chunk, first, str(cfg.input))) for first, chunk in lines)
+    else:
+        datamodule = _datamodule(ckpt, cfg.data, paths[0])
+        split = datamodule.split_names.get(cfg.split, cfg.split)
+        pairs = list(zip(datamodule.sources(split), datamodule.references(split), strict=True))
+        step, total = cfg.input_chunk, len(pairs)
+        chunks = ((i, pairs[i : i + step]) for i in range(done, total, step))
+
+    def score(items: list[tuple[str, str]], first: int) -> list[str]:
+        sources, targets = [s for s, _ in items], [t for _, t in items]
+        out = []
+        for lprobs in translator.score(sources, targets, max_tokens):
+            line = f"{sentence_score(lprobs, len_penalty):.4f}"
+            tokens = "\t" + " ".join(f"{x:.4f}" for x in lprobs) if per_token else ""
+            out.append(line + tokens)
+        return out
+
+    written = append_chunks(path, chunks, score, total, done)
+    return {"output": str(path), "lines": done + written, "resumed_at": done}
+
+
+def _pairs(lines: list[str], first: int, origin: str) -> list[tuple[str, str]]:
+    """``source<TAB>target`` lines -> pairs; line ``first`` + 1 is the first's number."""
+    pairs = []
+    for number, line in enumerate(lines, start=first + 1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(
+                f"{origin}, line {number}: {len(fields)} tab-separated fields; score=true "
+                "reads one pair a line, source<TAB>target"
+            )
+        pairs.append((fields[0], fields[1]))
+    return pairs
 
 
 def _ct2_translator(
@@ -153,36 +291,36 @@ def _ct2_translator(
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
-    ``cfg.paths.output_dir``; return the metrics (or, with ``input``, the translations).
-    With ``analysis=heads|maps``, run that analysis on the split instead (see
+    ``cfg.paths.output_dir``; return the metrics. With ``input``, translate its lines into
+    ``output`` (default: the run directory's hypotheses.txt); with ``score=true``, score given
+    translations into ``output`` (default: scores.txt); either returns where they went. With
+    ``analysis=heads|maps``, run that analysis on the split instead (see
     :mod:`transformer.analysis.run`)."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
     check_analysis(analysis)
+    _check_modes(cfg, options, analysis)
     device = _device(cfg.device)
     dtype = _dtype(cfg.dtype, device)
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("hypotheses.txt", "metrics.json"):  # a failed run leaves no earlier results
+    for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
         (out_dir / name).unlink(missing_ok=True)
     engine = cfg.get("engine", "torch")
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
     elif engine == "torch":
-        ckpt, paths = _checkpoint(cfg.ckpt_path)
-        src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, paths[0])
-        model = model_from_checkpoint(ckpt, paths[0]).to(device, dtype)
-        translator = Translator(model, src_tok, tgt_tok)
+        translator, ckpt, paths = _torch_translator(cfg, device, dtype)
     else:
         raise ConfigError(f"engine={engine}: choose torch or ctranslate2")
 
+    if cfg.score:
+        result = _score_pairs(cfg, translator, ckpt, paths, max_tokens, out_dir)
+        return {**result, "scoring": OmegaConf.to_container(cfg.scoring), "checkpoints": paths}
     if cfg.input is not None:
-        lines = _read_input(str(cfg.input))
-        translations = translator.translate(lines, options, max_tokens)
-        texts = [t.text for sentence in translations for t in sentence]
-        atomic_write_text(out_dir / "hypotheses.txt", "".join(t + "\n" for t in texts))
-        return {"translations": translations, "decode": decode_settings}
+        result = _translate_file(cfg, translator, options, max_tokens, out_dir)
+        return {**result, "decode": decode_settings, "checkpoints": paths}
 
     datamodule = _datamodule(ckpt, cfg.data, paths[0])
     split = datamodule.split_names.get(cfg.split, cfg.split)
@@ -214,6 +352,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "device": str(device),
         "dtype": translator.compute_type if engine == "ctranslate2" else cfg.dtype,
         "checkpoints": paths,
+        "ensemble": cfg.ensemble,
     }
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")

@@ -46,7 +46,9 @@ def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
     """The ``validation.decoding`` options (greedy unless they say otherwise), checked; messages
     name them ``validation.decoding.*``. ``train`` checks them here before any data work."""
     return DecodeOptions.from_dict(
-        {"strategy": "greedy", **(options or {})}, prefix="validation.decoding"
+        {"strategy": "greedy", **(options or {})},
+        prefix="validation.decoding",
+        strategies=("greedy", "beam"),
     )
 
 

@@ -1,4 +1,5 @@
-"""Text in, text out: tokenize, batch by length, decode, detokenize, restore the input order."""
+"""Text in, text out: tokenize, batch by length, decode, detokenize, restore the input order; and
+the teacher-forced scores and word alignments of given translations."""
 
 from __future__ import annotations
 
@@ -7,10 +8,19 @@ from dataclasses import dataclass
 
 import torch
 
-from transformer.data.collate import encode_sources, pad
-from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
-from transformer.decoding import DecodeOptions, beam_search, greedy_decode
-from transformer.model import Transformer
+from transformer.data.collate import encode_sources, encode_targets, pad
+from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, word_index
+from transformer.decoding import (
+    DecodeOptions,
+    Hypothesis,
+    Models,
+    as_ensemble,
+    beam_search,
+    greedy_decode,
+    sample,
+)
+from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
+from transformer.decoding.scoring import token_log_probs
 
 
 def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
@@ -36,45 +46,135 @@ def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
 @dataclass
 class Translation:
     text: str
-    score: float | None  # beam score; None for greedy
+    score: float | None  # log-probability / length ** len_penalty; None: a blank line's, or
+    # CTranslate2's greedy translation (it returns no score)
+    alignment: str | None = None  # "0-0 1-2 ...": source-target word pairs (decode.alignment)
 
 
-class Translator:
-    def __init__(
-        self, model: Transformer, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer
-    ) -> None:
-        self.model = model.eval()
-        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
-        self.device = next(model.parameters()).device
+def output_lines(translations: list[list[Translation]], options: DecodeOptions) -> list[str]:
+    """What ``evaluate.py input=...`` writes: ``options.nbest`` lines per input line (a blank
+    line's, or a sentence's missing hypotheses, are empty), each the translation, after its score
+    and a tab with ``print_scores``, before a tab and its alignment with ``alignment``."""
+    out = []
+    for sentence in translations:
+        for t in [*sentence, *[Translation("", None)] * (options.nbest - len(sentence))]:
+            fields = [t.text]
+            if options.print_scores:
+                fields.insert(0, "" if t.score is None else f"{t.score:.4f}")
+            if options.alignment:
+                fields.append(t.alignment or "")
+            out.append("\t".join(fields))
+    return out
 
-    def translate(
-        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096
-    ) -> list[list[Translation]]:
-        """Each line's ``options.nbest`` translations, best first; blank lines give "". Batches
-        hold at most ``max_tokens`` source tokens, padding included."""
-        results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
-        ids = encode_lines(self.src_tokenizer, lines, self.model.cfg.max_positions)
-        for batch in length_batches({i: len(x) for i, x in ids.items()}, max_tokens):
-            src = pad([ids[i] for i in batch], self.model.cfg.pad_id, self.device)
-            hyps = decode_batch(self.model, self.tgt_tokenizer, src, options)
-            for i, sentence in zip(batch, hyps, strict=True):
-                results[i] = sentence
-        return results
+
+def search(
+    model: Models,
+    src: torch.Tensor,
+    options: DecodeOptions,
+    src_pad_mask: torch.Tensor | None = None,
+    sentence_ids: torch.Tensor | None = None,
+) -> list[list[Hypothesis]]:
+    """Decode source ids (B, S) with the search ``options.strategy`` names; ``sentence_ids`` (B,)
+    number the sentences for sampling's random draws (default 0..B-1)."""
+    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask)
+    if options.strategy == "greedy":
+        return greedy_decode(model, src, options, **ids)
+    if options.strategy == "beam":
+        return beam_search(model, src, options, **ids)
+    return sample(model, src, options, **ids, sentence_ids=sentence_ids)
 
 
 def decode_batch(
-    model: Transformer,
+    model: Models,
     tgt_tokenizer: Tokenizer,
     src: torch.Tensor,
     options: DecodeOptions,
     src_pad_mask: torch.Tensor | None = None,
 ) -> list[list[Translation]]:
     """Decode a batch of source ids (B, S) as ``options`` say: each sentence's ``options.nbest``
-    detokenized translations, best first (evaluation, translation and training's validation all
-    come here)."""
-    search = greedy_decode if options.strategy == "greedy" else beam_search
-    hyps = search(model, src, options, bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask)
+    detokenized translations, best first (training's validation comes here)."""
+    hyps = search(model, src, options, src_pad_mask)
     return [
         [Translation(tgt_tokenizer.decode(h.tokens), h.score) for h in sentence]
         for sentence in hyps
     ]
+
+
+class Translator:
+    """Translates and scores lines with one model or an ensemble (a list of models, decoded on
+    their mean probabilities); ``model`` is the first, the one attention analysis reads."""
+
+    def __init__(self, model: Models, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+        self.models = [m.eval() for m in as_ensemble(model)]
+        self.model = self.models[0]
+        self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
+        self.device = next(self.model.parameters()).device
+        self.max_positions = min(m.cfg.max_positions for m in self.models)
+        self.pad_id = self.model.cfg.pad_id
+
+    def translate(
+        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096, first_line: int = 0
+    ) -> list[list[Translation]]:
+        """Each line's ``options.nbest`` translations, best first; blank lines give "". Batches
+        hold at most ``max_tokens`` source tokens, padding included. Line i is sentence
+        ``first_line + i`` for sampling's draws (its line number in a file read in chunks)."""
+        results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
+        ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
+        for batch in length_batches({i: len(x) for i, x in ids.items()}, max_tokens):
+            src = pad([ids[i] for i in batch], self.pad_id, self.device)
+            numbers = torch.tensor([first_line + i for i in batch], device=self.device)
+            hyps = search(self.models, src, options, sentence_ids=numbers)
+            alignments = self._align(src, hyps, options) if options.alignment else None
+            for k, (i, sentence) in enumerate(zip(batch, hyps, strict=True)):
+                results[i] = [
+                    Translation(
+                        self.tgt_tokenizer.decode(h.tokens),
+                        h.score,
+                        alignments[k][j] if alignments is not None else None,
+                    )  # fmt: skip
+                    for j, h in enumerate(sentence)
+                ]
+        return results
+
+    def _align(
+        self, src: torch.Tensor, hyps: list[list[Hypothesis]], options: DecodeOptions
+    ) -> list[list[str]]:
+        """Each hypothesis' word alignment (``decode.alignment_layer``/``alignment_head``), from
+        one teacher-forced pass over all of them."""
+        rows = [(k, h) for k, sentence in enumerate(hyps) for h in sentence]
+        if not rows:
+            return [[] for _ in hyps]
+        index = torch.tensor([k for k, _ in rows], device=self.device)
+        tgt_in = pad([[BOS_ID, *h.tokens] for _, h in rows], self.pad_id, self.device)
+        weights = cross_attention(
+            self.models, src[index], tgt_in, options.alignment_layer, options.alignment_head
+        ).cpu()  # (N, T, S)
+        out: list[list[str]] = [[] for _ in hyps]
+        for r, (k, h) in enumerate(rows):
+            x = [i for i in src[k].tolist() if i not in (self.pad_id, EOS_ID)]
+            src_words = word_index(x, self.src_tokenizer.pieces(x))
+            tgt_words = word_index(h.tokens, self.tgt_tokenizer.pieces(h.tokens))
+            piece_weights = weights[r, : len(h.tokens), : len(x)]  # (T, S): eos and pad left out
+            out[k].append(format_alignment(word_alignment(piece_weights, tgt_words, src_words)))
+        return out
+
+    def score(
+        self, sources: list[str], targets: list[str], max_tokens: int = 4096
+    ) -> list[list[float]]:
+        """Teacher-forced log-probability of each target piece and of eos, per pair; batches of
+        at most ``max_tokens`` tokens on the longer side, padding included. Lines longer than
+        the model takes are cut (a warning counts the sources)."""
+        limit = self.max_positions
+        src_ids = encode_sources(self.src_tokenizer, sources, limit)
+        tgt_in = encode_targets(self.tgt_tokenizer, targets, limit)
+        pairs = enumerate(zip(src_ids, tgt_in, strict=True))
+        lengths = {i: max(len(s), len(t)) for i, (s, t) in pairs}
+        results: list[list[float]] = [[] for _ in sources]
+        for batch in length_batches(lengths, max_tokens):
+            src = pad([src_ids[i] for i in batch], self.pad_id, self.device)
+            tgt = pad([tgt_in[i] for i in batch], self.pad_id, self.device)
+            labels = pad([[*tgt_in[i][1:], EOS_ID] for i in batch], self.pad_id, self.device)
+            lprobs = token_log_probs(self.models, src, tgt, labels).cpu().tolist()  # (B, T)
+            for i, row in zip(batch, lprobs, strict=True):
+                results[i] = row[: len(tgt_in[i])]
+        return results

@@ -11,7 +11,7 @@ import pytest
 from tests.tiny import write_lines
 from transformer.data import sources
 from transformer.data.sources import HFSource, LocalSource, Multi30kSource
-from transformer.data.text_files import read_lines
+from transformer.data.text_files import count_lines, read_line_chunks, read_lines
 from transformer.errors import DataError
 
 
@@ -39,6 +39,32 @@ def test_non_utf8_names_file_and_line(tmp_path, name):
         path.write_bytes(data)
     with pytest.raises(DataError, match=rf"{name}, line 3: bytes that are not UTF-8"):
         read_lines(path)
+
+
+@pytest.mark.parametrize("name", ["quirky.txt", "quirky.txt.gz"])
+def test_lines_read_in_chunks_are_the_lines_read_whole(tmp_path, name):
+    """A byte-order mark, CRLF, a U+2028 inside a line, blank lines, no final newline: chunks of
+    any size, from any line on, give read_lines's lines; a bad byte is named by its line."""
+    text = "\ufeffone\r\ntwo\u2028still two\n\n\nfive\r\nsix\nseven"
+    path = tmp_path / name
+    data = text.encode("utf-8")
+    path.write_bytes(gzip.compress(data) if name.endswith(".gz") else data)
+    whole = read_lines(path)
+    assert len(whole) == 7
+    for size in (1, 2, 3, 7, 100):
+        for skip in (0, 1, 4, 7):
+            chunks = list(read_line_chunks(str(path), size, skip))
+            assert [line for _, chunk in chunks for line in chunk] == whole[skip:]
+            assert [first for first, _ in chunks] == list(range(skip, 7, size))
+    assert count_lines(str(path)) == (None if name.endswith(".gz") else 7)
+    bad = tmp_path / "bad.txt"
+    bad.write_bytes(b"fine\nfine\nbad \xff byte\n")
+    with pytest.raises(DataError, match=r"bad.txt, line 3: bytes that are not UTF-8"):
+        list(read_line_chunks(str(bad), 2))
+    utf16 = tmp_path / "utf16.txt"
+    utf16.write_bytes("one\n".encode("utf-16"))
+    with pytest.raises(DataError, match="line 1: a UTF-16 or UTF-32 byte-order mark"):
+        list(read_line_chunks(str(utf16), 2, skip=1))
 
 
 def test_line_count_mismatch_names_both_files_and_counts(corpus_dir):

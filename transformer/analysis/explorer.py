@@ -23,24 +23,12 @@ from torch import Tensor
 
 from transformer.analysis.maps import Probes, SentenceMaps
 from transformer.analysis.roles import head_roles
-from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
+from transformer.data.tokenizer import Tokenizer, word_index
 
 LEVELS = 100  # weights are stored rounded to 0.01, one byte each
 RECORD = "explorer.json"
 TEMPLATE = Path(__file__).with_name("explorer.html")
 PLACEHOLDER = "/*EXPLORER_DATA*/null"
-WORD_START = "\u2581"  # SentencePiece's space
-
-
-def word_index(ids: Sequence[int], pieces: Sequence[str]) -> list[int]:
-    """The word (0, 1, ...) of each piece: a word starts at a piece beginning with "▁", and
-    bos/eos are words of their own."""
-    index: list[int] = []
-    for i, (token, piece) in enumerate(zip(ids, pieces, strict=True)):
-        special = token in (BOS_ID, EOS_ID)
-        starts = i == 0 or special or piece.startswith(WORD_START) or ids[i - 1] in (BOS_ID, EOS_ID)
-        index.append(index[-1] + starts if index else 0)
-    return index
 
 
 def _axis(ids: list[int], tokenizer: Tokenizer) -> dict:

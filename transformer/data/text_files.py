@@ -9,9 +9,11 @@ nothing is skipped silently.
 from __future__ import annotations
 
 import codecs
+import contextlib
 import gzip
 import json
 import os
+import sys
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -74,11 +76,38 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 
 def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
-    """The lines of a UTF-8 text file (plain or ``.gz``), a block of them at a time
-    (:func:`line_blocks`)."""
-    path = Path(path)
-    with _open_bytes(path) as f:
-        yield from line_blocks(iter(partial(f.read, BLOCK_BYTES), b""), str(path))
+    """The lines of a UTF-8 text file (plain or ``.gz``, or ``-``: standard input), a block of
+    them at a time (:func:`line_blocks`)."""
+    origin = "input=-" if str(path) == "-" else str(path)
+    with _open_input(path) as f:  # read1: a pipe's bytes as they come, not 16 MB at a time
+        yield from line_blocks(iter(partial(f.read1, BLOCK_BYTES), b""), origin)
+
+
+def _open_input(path: str | os.PathLike):
+    if str(path) == "-":
+        return contextlib.nullcontext(sys.stdin.buffer)
+    return _open_bytes(Path(path))
+
+
+def read_line_chunks(path: str, size: int, skip: int = 0) -> Iterator[tuple[int, list[str]]]:
+    """(the index of its first line, up to ``size`` lines) chunks of a text file (``-`` for
+    standard input) from line ``skip`` on, as :func:`iter_line_blocks` reads it."""
+    lines = islice(chain.from_iterable(iter_line_blocks(path)), skip, None)
+    while chunk := list(islice(lines, size)):
+        yield skip, chunk
+        skip += len(chunk)
+
+
+def count_lines(path: str) -> int | None:
+    """Lines of a plain file (a last one without its line end counts), counted in blocks; None
+    for standard input and gzipped files (not known without reading them twice)."""
+    if path == "-" or path.endswith(".gz"):
+        return None
+    count, last = 0, b"\n"
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            count, last = count + block.count(b"\n"), block[-1:]
+    return count + (last != b"\n")
 
 
 def split_lines(data: bytes, origin: str) -> list[str]:

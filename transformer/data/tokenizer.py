@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -24,6 +24,19 @@ BOS_ID = 2
 EOS_ID = 3
 
 MODEL_TYPES = ("unigram", "bpe")
+
+WORD_START = "\u2581"  # SentencePiece's space
+
+
+def word_index(ids: Sequence[int], pieces: Sequence[str]) -> list[int]:
+    """The word (0, 1, ...) of each piece: a word starts at a piece beginning with "▁", and
+    bos/eos are words of their own."""
+    index: list[int] = []
+    for i, (token, piece) in enumerate(zip(ids, pieces, strict=True)):
+        special = token in (BOS_ID, EOS_ID)
+        starts = i == 0 or special or piece.startswith(WORD_START) or ids[i - 1] in (BOS_ID, EOS_ID)
+        index.append(index[-1] + starts if index else 0)
+    return index
 
 
 class Tokenizer:

@@ -19,18 +19,19 @@ from torch import Tensor
 from transformer.decoding.options import DecodeOptions
 from transformer.decoding.step import (
     Hypothesis,
+    Models,
     Stepper,
+    as_ensemble,
     ban_repeated_ngrams,
     evaluating,
     sentence_max_lengths,
 )
 from transformer.masks import padding_mask
-from transformer.model import Transformer
 
 
 @torch.no_grad()
 def beam_search(
-    model: Transformer,
+    model: Models,
     src: Tensor,
     options: DecodeOptions,
     *,
@@ -47,20 +48,22 @@ def beam_search(
     by its length with eos, to the power ``len_penalty`` (0: raw log-probability; above 1: longer
     hypotheses favoured more). ``max_lengths`` (B,) sets each sentence's maximum instead of
     ``max_len_a`` and ``max_len_b`` (length-controlled decoding). ``options.strategy`` is not
-    read: this is the beam search.
+    read: this is the beam search. ``model``: one model, or a list of them searched as an
+    ensemble (their mean probabilities).
     """
-    pad_id = model.cfg.pad_id
+    models = as_ensemble(model)
+    pad_id = models[0].cfg.pad_id
     if src_pad_mask is None:
         src_pad_mask = padding_mask(src, pad_id)
     B, K, device = src.size(0), options.beam_size, src.device
     min_len, len_penalty = options.min_len, options.len_penalty
-    max_len = sentence_max_lengths(model, src_pad_mask, options, max_lengths)
+    max_len = sentence_max_lengths(models, src_pad_mask, options, max_lengths)
     L = int(max_len.max()) + 1  # steps, eos included
     out_scores = torch.full((B, K), float("-inf"), device=device)
     out_tokens = torch.full((B, K, L), pad_id, device=device)
 
-    with evaluating(model):
-        stepper = Stepper(model, src, src_pad_mask, use_cache)
+    with evaluating(*models):
+        stepper = Stepper(models, src, src_pad_mask, use_cache)
         # The n unfinished sentences, each with k live prefixes (1 at first, then K) in
         # consecutive rows, and its K best finished hypotheses so far.
         sentence = torch.arange(B, device=device)  # (n,) their rows in the output

@@ -1,41 +1,53 @@
-"""How to decode: the one options type of greedy decoding, beam search, evaluation's ``decode.*``
-and training's ``validation.decoding.*`` (both composed from ``configs/decode/``)."""
+"""How to decode: the one options type of greedy decoding, beam search, sampling, evaluation's
+``decode.*`` and training's ``validation.decoding.*`` (both composed from ``configs/decode/``)."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import InitVar, dataclass, fields
 from typing import Any
 
 from transformer.errors import ConfigError
 
-STRATEGIES = ("greedy", "beam")
+STRATEGIES = ("greedy", "beam", "sample")
+SAMPLING = {"temperature": 1.0, "top_k": 0, "top_p": 1.0, "seed": 0}  # options and their "off"
 
 
 @dataclass(frozen=True)
 class DecodeOptions:
-    """The search and its length rules, checked at construction.
+    """The search, its length rules and what is printed of each translation, checked at
+    construction.
 
     ``prefix`` is where the options come from as the user types them (``decode``,
-    ``validation.decoding``): error messages name ``<prefix>.<option>``.
+    ``validation.decoding``): error messages name ``<prefix>.<option>``. ``strategies`` are the
+    ones allowed there (validation decodes with greedy or beam only).
     """
 
-    strategy: str = "beam"  # greedy (one translation, the cheapest) | beam
+    strategy: str = "beam"  # greedy (one translation, the cheapest) | beam | sample
     beam_size: int = 5  # beam only: hypotheses kept per sentence
-    len_penalty: float = 1.0  # beam only: score = log-probability / length ** len_penalty
+    len_penalty: float = 1.0  # score = log-probability / length ** len_penalty (beam: its search)
     max_len_a: float = 1.2  # at most a * source length + b tokens before eos
     max_len_b: int = 10
     min_len: int = 1  # at least this many tokens before eos
-    nbest: int = 1  # beam only: hypotheses per sentence, best first (<= beam_size)
+    nbest: int = 1  # beam: hypotheses per sentence, best first (<= beam_size); sample: samples
     no_repeat_ngram_size: int = 0  # forbid repeating any n-gram of this size (0 = off)
+    temperature: float = 1.0  # sample only: draw from softmax(logits / temperature)
+    top_k: int = 0  # sample only: from the k likeliest tokens (0 = all)
+    top_p: float = 1.0  # sample only: from the fewest likeliest tokens of total p >= top_p
+    seed: int = 0  # sample only: a sentence's draws depend on seed and its index, nothing else
+    print_scores: bool = False  # input=...: write "score<TAB>translation"
+    alignment: bool = False  # input=...: append "<TAB>src-tgt ..." word alignments
+    alignment_layer: int = -1  # the decoder layer whose cross-attention aligns (-1 = last)
+    alignment_head: int | None = None  # its head that aligns (None = the mean of its heads)
     prefix: InitVar[str] = "decode"
+    strategies: InitVar[Sequence[str]] = STRATEGIES
 
-    def __post_init__(self, prefix: str) -> None:
-        if self.strategy not in STRATEGIES:
+    def __post_init__(self, prefix: str, strategies: Sequence[str]) -> None:
+        if self.strategy not in strategies:
             raise ConfigError(
                 f"{prefix}.strategy={self.strategy!r}; choose one of "
-                + " or ".join(repr(s) for s in STRATEGIES)
+                + " or ".join(repr(s) for s in strategies)
             )
         for name, integer, low in (
             ("beam_size", True, 1),
@@ -45,6 +57,11 @@ class DecodeOptions:
             ("min_len", True, 0),
             ("nbest", True, 1),
             ("no_repeat_ngram_size", True, 0),
+            ("temperature", False, None),
+            ("top_k", True, 0),
+            ("top_p", False, None),
+            ("seed", True, 0),
+            ("alignment_layer", True, None),
         ):
             value = getattr(self, name)
             kinds = int if integer else (int, float)
@@ -53,21 +70,51 @@ class DecodeOptions:
                 raise ConfigError(f"{prefix}.{name} must be {kind}, got {value!r}")
             if low is not None and value < low:
                 raise ConfigError(f"{prefix}.{name} must be >= {low}, got {value}")
+        if self.temperature <= 0:
+            raise ConfigError(
+                f"{prefix}.temperature must be > 0, got {self.temperature}; for the likeliest "
+                f"token set {prefix}.strategy=greedy"
+            )
+        if not 0 < self.top_p <= 1:
+            raise ConfigError(f"{prefix}.top_p must be in (0, 1], got {self.top_p} (1 = off)")
+        for name in ("print_scores", "alignment"):
+            if not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"{prefix}.{name} must be true or false, got {getattr(self, name)!r}"
+                )
+        head = self.alignment_head
+        if head is not None and (isinstance(head, bool) or not isinstance(head, int) or head < 0):
+            raise ConfigError(
+                f"{prefix}.alignment_head must be a head index >= 0 or null (the mean of the "
+                f"layer's heads), got {head!r}"
+            )
+        if self.strategy != "sample":
+            for name, off in SAMPLING.items():
+                if getattr(self, name) != off:
+                    raise ConfigError(
+                        f"{prefix}.{name}={getattr(self, name)} is a sampling option; set "
+                        f"{prefix}.strategy=sample, or leave {name} at {off}"
+                    )
         if self.strategy == "greedy" and self.nbest > 1:
             raise ConfigError(
                 f"{prefix}.nbest={self.nbest}: greedy decoding gives one translation; set "
-                f"{prefix}.strategy=beam"
+                f"{prefix}.strategy=beam (or sample, for {self.nbest} samples)"
             )
-        if self.nbest > self.beam_size:
+        if self.strategy == "beam" and self.nbest > self.beam_size:
             raise ConfigError(
                 f"{prefix}.nbest={self.nbest} must be between 1 and beam_size={self.beam_size}"
             )
 
     @classmethod
-    def from_dict(cls, options: Mapping[str, Any], prefix: str = "decode") -> DecodeOptions:
+    def from_dict(
+        cls,
+        options: Mapping[str, Any],
+        prefix: str = "decode",
+        strategies: Sequence[str] = STRATEGIES,
+    ) -> DecodeOptions:
         """From a config mapping; an unknown key is a ValueError naming ``<prefix>.<key>``."""
         known = [f.name for f in fields(cls)]
         for key in options:
             if key not in known:
                 raise ConfigError(f"unknown option {prefix}.{key}; known: {', '.join(known)}")
-        return cls(**options, prefix=prefix)
+        return cls(**options, prefix=prefix, strategies=strategies)

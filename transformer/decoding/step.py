@@ -1,15 +1,17 @@
-"""One decoding step for a batch of prefixes, with or without the KV cache, and the rules both
-searches apply at each step: output length limits, banned n-grams.
+"""One decoding step for a batch of prefixes, with or without the KV cache, for one model or an
+ensemble, and the rules every search applies at each step: output length limits, banned n-grams.
 
-Searches (greedy, beam) see only :class:`Stepper`: ``log_probs(prefixes)`` gives the next-token
-log-probabilities of each row and ``reorder(index)`` keeps the rows that survive, so the cached and
-the uncached paths are interchangeable (and compared in tests and benchmarks).
+Searches (greedy, beam, sampling) see only :class:`Stepper`: ``log_probs(prefixes)`` gives the
+next-token log-probabilities of each row and ``reorder(index)`` keeps the rows that survive, so the
+cached and the uncached paths are interchangeable (and compared in tests and benchmarks), and so
+are one model and an ensemble.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
+import math
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -18,13 +20,39 @@ from torch import Tensor, nn
 from transformer.decoding.options import DecodeOptions
 from transformer.model import Transformer
 
+Models = Transformer | Sequence[Transformer]  # one model, or an ensemble
+
+
+def as_ensemble(models: Models) -> list[Transformer]:
+    """The models as a list; an ensemble's must share the target vocabulary and padding id."""
+    models = [models] if isinstance(models, nn.Module) else list(models)
+    if not models:
+        raise ValueError("an ensemble needs at least one model")
+    first = models[0].cfg
+    for m in models[1:]:
+        if (m.cfg.tgt_vocab_size, m.cfg.pad_id) != (first.tgt_vocab_size, first.pad_id):
+            raise ValueError(
+                "ensembled models need one target vocabulary and pad id: "
+                f"{m.cfg.tgt_vocab_size}/{m.cfg.pad_id} against "
+                f"{first.tgt_vocab_size}/{first.pad_id}"
+            )
+    return models
+
+
+def mean_probabilities(lprobs: Sequence[Tensor]) -> Tensor:
+    """log(mean of the models' probabilities), as fairseq's ensemble: (N, ...) log-probabilities
+    of each model -> (N, ...). One model's are returned as they are."""
+    if len(lprobs) == 1:
+        return lprobs[0]
+    return torch.logsumexp(torch.stack(lprobs), dim=0) - math.log(len(lprobs))
+
 
 @dataclass
 class Hypothesis:
     """One translation of a sentence, as both searches return it."""
 
     tokens: list[int]  # generated ids, without bos and eos
-    score: float | None  # beam: log-prob. (eos included) / length ** len_penalty; greedy: None
+    score: float | None  # log-probability (eos included) / length (eos included) ** len_penalty
 
 
 def max_output_lengths(
@@ -45,13 +73,16 @@ def max_output_lengths(
 
 
 def sentence_max_lengths(
-    model: Transformer, src_pad_mask: Tensor, options: DecodeOptions, max_lengths: Tensor | None
+    models: Sequence[Transformer],
+    src_pad_mask: Tensor,
+    options: DecodeOptions,
+    max_lengths: Tensor | None,
 ) -> Tensor:
-    """(B,) most tokens before eos for each source row, within the model's positions (the
+    """(B,) most tokens before eos for each source row, within every model's positions (the
     decoder reads bos and every token but eos): :func:`max_output_lengths` of the rows."""
     return max_output_lengths(
         (~src_pad_mask).sum(1), options.max_len_a, options.max_len_b, options.min_len,
-        model.cfg.max_positions - 1, max_lengths,
+        min(m.cfg.max_positions for m in models) - 1, max_lengths,
     )  # fmt: skip
 
 
@@ -67,30 +98,32 @@ def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
 
 
 @contextmanager
-def evaluating(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) inside, the model's previous mode restored after."""
-    was_training = model.training
-    model.eval()
-    try:
+def evaluating(*models: nn.Module) -> Iterator[None]:
+    """Eval mode (no dropout) inside, each model's previous mode restored after."""
+    with ExitStack() as stack:
+        for model in models:
+            stack.callback(model.train, model.training)
+            model.eval()
         yield
-    finally:
-        model.train(was_training)
 
 
 class Stepper:
-    """Next-token log-probabilities of ``model`` for prefixes of ``src`` rows.
+    """Next-token log-probabilities of ``models`` for prefixes of ``src`` rows: one model's, or
+    an ensemble's mean of probabilities (:func:`mean_probabilities`), each model with its own
+    encoder output and cache.
 
     With ``use_cache`` the encoder output's cross-attention K/V are computed once and each call
     feeds only the newest token; without it every call re-runs the decoder over the whole prefix.
     """
 
     def __init__(
-        self, model: Transformer, src: Tensor, src_pad_mask: Tensor, use_cache: bool = True
+        self, models: Models, src: Tensor, src_pad_mask: Tensor, use_cache: bool = True
     ) -> None:
-        self.model = model
-        self.memory = model.encode(src, src_pad_mask)  # (B, S, D)
+        self.models = as_ensemble(models)
+        self.memory = [m.encode(src, src_pad_mask) for m in self.models]  # each (B, S, D)
         self.memory_pad_mask = src_pad_mask
-        self.cache = model.init_cache(self.memory, src_pad_mask) if use_cache else None
+        pairs = zip(self.models, self.memory, strict=True)
+        self.caches = [m.init_cache(mem, src_pad_mask) for m, mem in pairs] if use_cache else None
 
     def expand_beams(self, k: int) -> None:
         """Make ``k`` consecutive rows (beams) of every row: beam search after its first step.
@@ -98,28 +131,36 @@ class Stepper:
         Cached, the encoder's keys and values stay at one copy per sentence (see
         ``DecoderCache.expand_beams``); uncached, the encoder output itself is repeated.
         """
-        if self.cache is not None:
-            self.cache.expand_beams(k)
+        if self.caches is not None:
+            for cache in self.caches:
+                cache.expand_beams(k)
         else:
-            rows = torch.arange(self.memory.size(0), device=self.memory.device)
+            rows = torch.arange(self.memory_pad_mask.size(0), device=self.memory_pad_mask.device)
             self.reorder(rows.repeat_interleave(k))
 
     def reorder(self, index: Tensor, sentences: Tensor | None = None) -> None:
         """Keep rows ``index`` (N',) in that order; rows may repeat (beams of one sentence).
         With beams, ``sentences`` (B',) are the sentences kept when some leave (see
         ``DecoderCache.reorder``)."""
-        if self.cache is not None:
-            self.cache.reorder(index, sentences)
+        if self.caches is not None:
+            for cache in self.caches:
+                cache.reorder(index, sentences)
         else:
-            self.memory = self.memory.index_select(0, index)
+            self.memory = [mem.index_select(0, index) for mem in self.memory]
             self.memory_pad_mask = self.memory_pad_mask.index_select(0, index)
 
     def log_probs(self, prefixes: Tensor) -> Tensor:
         """prefixes (N, t), bos first, the same t for all rows -> (N, V) log-probabilities."""
-        if self.cache is not None:
-            if self.cache.offset != prefixes.size(1) - 1:
-                raise ValueError("the cache holds a different number of steps than the prefixes")
-            logits = self.model.decode(prefixes[:, -1:], cache=self.cache)  # (N, 1, V)
-        else:
-            logits = self.model.decode(prefixes, self.memory, self.memory_pad_mask)  # (N, t, V)
-        return torch.log_softmax(logits[:, -1].float(), dim=-1)
+        lprobs = []
+        for i, model in enumerate(self.models):
+            if self.caches is not None:
+                cache = self.caches[i]
+                if cache.offset != prefixes.size(1) - 1:
+                    raise ValueError(
+                        "the cache holds a different number of steps than the prefixes"
+                    )
+                logits = model.decode(prefixes[:, -1:], cache=cache)  # (N, 1, V)
+            else:
+                logits = model.decode(prefixes, self.memory[i], self.memory_pad_mask)  # (N, t, V)
+            lprobs.append(torch.log_softmax(logits[:, -1].float(), dim=-1))
+        return mean_probabilities(lprobs)

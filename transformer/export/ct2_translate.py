@@ -80,9 +80,11 @@ class CT2Translator:
         self.exact_limits = exact_limits
 
     def translate(
-        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096
+        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096, first_line: int = 0
     ) -> list[list[Translation]]:
-        """Each line's ``options.nbest`` translations, best first; blank lines give ""."""
+        """Each line's ``options.nbest`` translations, best first; blank lines give "".
+        (``first_line`` numbers the lines for sampling, which evaluation runs on engine=torch
+        only.)"""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
         limits = max_output_lengths(
