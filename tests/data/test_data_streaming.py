@@ -15,7 +15,7 @@ import pytest
 from tests.tiny import DATA_SPLITS, data_pairs, write_lines
 from transformer.data import datamodule as dm_module
 from transformer.data import text_files
-from transformer.data.sources import LocalSource
+from transformer.data.sources import HFSource, LocalSource
 from transformer.data.text_files import iter_line_blocks, iter_parallel_files, line_blocks
 from transformer.data.tokenizer import SentenceSample
 from transformer.errors import DataError
@@ -169,3 +169,21 @@ def test_a_shard_without_its_other_side_is_named(corpus_dir, dm_kwargs):
     (folder / "part-001.de.gz").unlink()
     with pytest.raises(DataError, match=r"part-001.en.gz has no de side.*needs part-001.de"):
         LocalSource(folder.parent, "en", "de").identity("train")
+
+
+def test_a_sharded_hf_dataset_is_read_in_chunks_in_corpus_order(tmp_path):
+    """A dataset saved in 3 shards (``save_to_disk(num_shards=...)``, ``data.hf_path``): read in
+    chunks of at most 40 pairs that join into its rows in order."""
+    import datasets
+
+    en, de = data_pairs(300, 0)
+    features = datasets.Features({"translation": datasets.Translation(languages=["de", "en"])})
+    rows = [{"de": g, "en": e} for e, g in zip(en, de, strict=True)]
+    train = datasets.Dataset.from_dict({"translation": rows}, features=features)
+    datasets.DatasetDict({"train": train}).save_to_disk(
+        str(tmp_path / "hf"), num_shards={"train": 3}
+    )
+    assert len(list((tmp_path / "hf" / "train").glob("*.arrow"))) == 3
+    chunks = list(HFSource("en", "de", path=tmp_path / "hf").read_chunks("train", chunk=40))
+    assert [len(c.src) for c in chunks] == [40] * 7 + [20]
+    assert [s for c in chunks for s in c.src] == en and [t for c in chunks for t in c.tgt] == de
