@@ -21,6 +21,15 @@ from torch import Tensor
 CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
+def _saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
+    """The hidden states' and the projection's gradients, computed in the forward, scaled by the
+    loss's incoming gradient (the loss is a sum: its backward only scales them)."""
+    grad_hidden, grad_weight = ctx.saved_tensors
+    return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(
+        grad_weight.dtype
+    )
+
+
 class _ProjectedLoss(torch.autograd.Function):
     """hidden (N, D), weight (V, D), labels (N,) -> summed smoothed loss and summed NLL.
 
@@ -63,15 +72,7 @@ class _ProjectedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return (
-            grad_hidden * grad_loss.to(grad_hidden.dtype),
-            grad_weight * grad_loss.to(grad_weight.dtype),
-            None,
-            None,
-            None,
-            None,
-        )
+        return *_saved_gradients(ctx, grad_loss), None, None, None, None
 
 
 def label_smoothed_loss(
@@ -156,16 +157,7 @@ class _ProjectedRDropLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        grad_hidden, grad_weight = ctx.saved_tensors
-        return (
-            grad_hidden * grad_loss.to(grad_hidden.dtype),
-            grad_weight * grad_loss.to(grad_weight.dtype),
-            None,
-            None,
-            None,
-            None,
-            None,
-        )
+        return *_saved_gradients(ctx, grad_loss), None, None, None, None, None
 
 
 def rdrop_loss(
