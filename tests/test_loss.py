@@ -4,6 +4,7 @@ fused R-Drop loss against cross entropy and KL divergence on full logits, and by
 
 from __future__ import annotations
 
+import itertools
 import math
 from functools import partial
 
@@ -204,17 +205,24 @@ def test_rdrop_without_dropout_is_the_plain_loss():
 
 
 def test_training_with_rdrop_learns(corpus, tmp_path):
-    """40 steps with R-Drop (alpha 5, dropout 0.1): validation loss falls as without it."""
-    overrides = [
-        *tiny_overrides(corpus),
-        "loss.rdrop_alpha=5",
-        "model.dropout=0.1",
-        "trainer.max_steps=40",
-        "trainer.val_check_interval=10",
-        "trainer.check_val_every_n_epoch=null",
-        "validation.bleu_sentences=0",
-        "~callbacks.best_checkpoint",
-    ]
-    train(compose_cfg(overrides, tmp_path))
-    losses = logged(tmp_path, "val/loss")
-    assert len(losses) == 4 and losses[-1] < losses[0] - 0.5, losses
+    """40 steps with R-Drop (alpha 5, dropout 0.1) against 40 without: its validation loss falls
+    at every validation, and over the run by at least half as much as without R-Drop (a
+    regulariser slows the fit of a tiny model; a wrong gradient would stop it)."""
+    falls = {}
+    for alpha in (0, 5):
+        overrides = [
+            *tiny_overrides(corpus),
+            f"loss.rdrop_alpha={alpha}",
+            "model.dropout=0.1",
+            "trainer.max_steps=40",
+            "trainer.val_check_interval=10",
+            "trainer.check_val_every_n_epoch=null",
+            "validation.bleu_sentences=0",
+            "~callbacks.best_checkpoint",
+        ]
+        train(compose_cfg(overrides, tmp_path / str(alpha)))
+        losses = logged(tmp_path / str(alpha), "val/loss")
+        assert len(losses) == 4
+        falls[alpha] = losses[0] - losses[-1]
+    assert all(b < a for a, b in itertools.pairwise(losses)), losses
+    assert falls[5] > 0.5 * falls[0] > 0, falls
