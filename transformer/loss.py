@@ -75,6 +75,24 @@ class _ProjectedLoss(torch.autograd.Function):
         return *_saved_gradients(ctx, grad_loss), None, None, None, None
 
 
+def _non_pad(
+    hidden: Tensor, weight: Tensor, labels: Tensor, pad_id: int, num_labels: int | None, passes: int
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """The states (N, D), or (2, N, D) with ``passes=1`` leading dimension, and labels (N,) at the
+    non-pad positions; states and weight in the autocast dtype under autocast; the non-pad mask
+    (B*T,). ``num_labels`` (the non-pad count, known on the host) spares a device sync."""
+    keep = labels.flatten().ne(pad_id)  # (B*T,)
+    if num_labels is None:
+        idx = keep.nonzero().squeeze(1)  # (N,)
+    else:
+        idx = keep.nonzero_static(size=num_labels).squeeze(1)  # (N,)
+    hidden = hidden.flatten(passes, -2).index_select(passes, idx)
+    device = hidden.device.type
+    if torch.is_autocast_enabled(device):
+        hidden = hidden.to(torch.get_autocast_dtype(device))
+    return hidden, weight.to(hidden.dtype), labels.flatten().index_select(0, idx), keep
+
+
 def label_smoothed_loss(
     hidden: Tensor,
     weight: Tensor,
@@ -93,17 +111,8 @@ def label_smoothed_loss(
     the number of non-pad labels if the caller knows it on the host, spares a device sync. The
     count stays a tensor: reading it would wait for the device.
     """
-    keep = labels.flatten().ne(pad_id)  # (B*T,)
-    if num_labels is None:
-        idx = keep.nonzero().squeeze(1)  # (N,)
-    else:
-        idx = keep.nonzero_static(size=num_labels).squeeze(1)  # (N,)
-    hidden = hidden.flatten(0, -2).index_select(0, idx)  # (N, D)
+    hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=0)
     device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        hidden = hidden.to(torch.get_autocast_dtype(device))
-    weight = weight.to(hidden.dtype)
-    labels = labels.flatten().index_select(0, idx)  # (N,)
     rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // weight.size(0))
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(device, enabled=False):
@@ -180,17 +189,8 @@ def rdrop_loss(
     there (5 for its translation tasks). Label smoothing applies to the cross entropies only.
     Projected and fused in chunks as :func:`label_smoothed_loss`.
     """
-    keep = labels.flatten().ne(pad_id)  # (B*T,)
-    if num_labels is None:
-        idx = keep.nonzero().squeeze(1)  # (N,)
-    else:
-        idx = keep.nonzero_static(size=num_labels).squeeze(1)  # (N,)
-    hidden = hidden.flatten(1, -2).index_select(1, idx)  # (2, N, D)
+    hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=1)
     device = hidden.device.type
-    if torch.is_autocast_enabled(device):
-        hidden = hidden.to(torch.get_autocast_dtype(device))
-    weight = weight.to(hidden.dtype)
-    labels = labels.flatten().index_select(0, idx)  # (N,)
     rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // (2 * weight.size(0)))
     want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     with torch.autocast(device, enabled=False):
