@@ -110,11 +110,6 @@ def count_lines(path: str) -> int | None:
     return count + (last != b"\n")
 
 
-def split_lines(data: bytes, origin: str) -> list[str]:
-    """UTF-8 bytes -> lines without their line ends (:func:`line_blocks`)."""
-    return list(chain.from_iterable(line_blocks([data], origin)))
-
-
 def line_blocks(reads: Iterable[bytes], origin: str) -> Iterator[list[str]]:
     """Consecutive pieces of UTF-8 text -> lists of its lines without their line ends, each list
     the whole lines of one piece; ``origin`` names the input in errors.
