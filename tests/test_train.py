@@ -113,7 +113,7 @@ SHAPE = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_
 DATA_KEYS = {
     "_target_": "transformer.data.datamodule.TranslationDataModule", "src_lang": "en",
     "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
-    "joint_vocab": True, "spm_train_sentences": 1_000_000, "max_tokens": 4096, "batch_size": 64,
+    "joint_vocab": True, "spm_train_sentences": 500_000, "max_tokens": 4096, "batch_size": 64,
     "max_len": 128, "pad_to_multiple": 1, "num_workers": 2, "seed": 1234, "cache_dir": "data/cache",
     "prepare_per_node": True,
 }  # fmt: skip
@@ -433,6 +433,48 @@ def test_resume_continues_exactly(corpus, tmp_path, accumulate, total, first):
     assert len(want) == total  # logged once per optimizer step
     assert got == pytest.approx(want, abs=1e-6)
     assert val_losses(resumed_rows) == pytest.approx(val_losses(full_rows)[-3:], abs=1e-6)
+
+
+def test_resume_after_a_max_time_stop_inside_an_epoch_continues_exactly(
+    corpus, tmp_path, monkeypatch
+):
+    """``trainer.max_time`` ends training inside an epoch (here its clock says time is up after
+    step 10 of a 16-batch epoch); resumed to 20 steps, the run trains on the rest of that epoch
+    (same batches, same dropout) as an uninterrupted one, and saves the same epoch checkpoints."""
+    common = [
+        *tiny_overrides(corpus),
+        "trainer.val_check_interval=4",
+        "trainer.check_val_every_n_epoch=null",
+        "model.dropout=0.1",
+        "experiment=multi30k_en_de",  # its epoch checkpoints
+        "trainer.max_epochs=-1",
+        "+trainer.max_time=00:01:00:00",
+    ]
+    full, part, resumed = tmp_path / "full", tmp_path / "part", tmp_path / "resumed"
+    train(compose_cfg([*common, "trainer.max_steps=20"], full))
+
+    def time_is_up_after_step_10(self, trainer):
+        trainer.should_stop = trainer.should_stop or trainer.global_step >= 10
+
+    with monkeypatch.context() as patch:
+        patch.setattr(Timer, "_check_time_remaining", time_is_up_after_step_10)
+        train(compose_cfg(common, part))
+    ckpt = part / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(ckpt)["global_step"] == 10
+    train(compose_cfg([*common, "trainer.max_steps=20", f"ckpt_path={ckpt}"], resumed))
+
+    full_rows, part_rows = read_metrics(full), read_metrics(part)
+    resumed_rows = read_metrics(resumed)
+    want = [float(r["train/loss"]) for r in full_rows if r.get("train/loss")]
+    got = [float(r["train/loss"]) for r in part_rows + resumed_rows if r.get("train/loss")]
+    assert len(want) == 20
+    assert got == pytest.approx(want, abs=1e-6)
+
+    def names(run: Path) -> list[str]:
+        return sorted(p.name for p in (run / "checkpoints" / "epochs").glob("*.ckpt"))
+
+    assert names(full) == [f"epoch000-step{STEPS_PER_EPOCH}.ckpt"]
+    assert names(part) == [] and names(resumed) == names(full)
 
 
 def test_resume_elsewhere_uses_the_checkpoints_tokenizers(corpus, tmp_path, monkeypatch):

@@ -11,7 +11,7 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Callback, EMAWeightAveraging, ModelCheckpoint
+from lightning.pytorch.callbacks import Checkpoint, EMAWeightAveraging, ModelCheckpoint
 
 from transformer.errors import Interrupted
 from transformer.lit_module import TranslationModule
@@ -22,12 +22,18 @@ log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
-class LastCheckpoint(Callback):
+class LastCheckpoint(Checkpoint):
     """Keeps ``<dirpath>/last.ckpt``: every ``every_n_train_steps`` optimizer steps and at the end
     of training, always in the state between two training steps (what exact resume needs).
 
     Lightning's ``ModelCheckpoint(save_last=True)`` writes ``last.ckpt`` after validation but not
     when training stops later (e.g. at ``max_steps`` mid-epoch), hence this callback.
+
+    Training that stops inside an epoch (``max_steps``, ``trainer.max_time``, anything that sets
+    ``trainer.should_stop`` after a batch) is saved at that batch's end, not at ``on_train_end``,
+    where Lightning already counts the cut epoch complete and a resumed run would start the next
+    one. Being a :class:`Checkpoint`, Lightning runs it after the other callbacks (the ``Timer``
+    that ``max_time`` installs among them), so it sees their stop.
 
     SIGTERM or SIGINT (Ctrl-C) during training finishes the current optimizer step, writes
     ``last.ckpt`` and stops with :class:`Interrupted`; a second Ctrl-C stops at once.
@@ -92,8 +98,7 @@ class LastCheckpoint(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         n, step = self.every_n_train_steps, trainer.global_step
-        last_step = 0 < trainer.max_steps <= step  # saved here, not at on_train_end, where
-        # Lightning has already moved to the next epoch: resuming would skip the epoch's rest
+        last_step = 0 < trainer.max_steps <= step or trainer.should_stop
         if step > 0 and ((n and step % n == 0) or last_step):
             self._save(trainer)
         if self._stop_signal is not None and step != self._step_at_batch_start:  # step boundary
