@@ -142,7 +142,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, default=32_000)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=200, help="drawn before RSS is read")
-    parser.add_argument("--spm-train-sentences", type=int, default=1_000_000)
+    parser.add_argument("--spm-train-sentences", type=int, default=500_000)
     parser.add_argument("--measure", nargs=2, metavar=("ROOT", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:  # the child process

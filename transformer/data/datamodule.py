@@ -61,7 +61,7 @@ class TranslationDataModule(L.LightningDataModule):
         vocab_size: int = 8000,
         spm_model_type: str = "unigram",
         joint_vocab: bool = True,
-        spm_train_sentences: int = 1_000_000,
+        spm_train_sentences: int = 500_000,
         max_tokens: int | None = 4096,
         batch_size: int | None = 64,
         max_len: int = 128,

@@ -134,7 +134,7 @@ def train_tokenizer(
     model_path: str | os.PathLike,
     vocab_size: int,
     model_type: str = "unigram",
-    max_sentences: int = 1_000_000,
+    max_sentences: int = 500_000,
 ) -> Tokenizer:
     """Train a SentencePiece model on ``texts`` (at most ``max_sentences`` of them, a random
     sample beyond: SentencePiece's time and memory grow with them) and write it to
