@@ -5,6 +5,7 @@ state; bad requests are refused by name."""
 from __future__ import annotations
 
 import io
+import json
 from pathlib import Path
 
 import pytest
@@ -218,3 +219,30 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
     resumed = load_checkpoint(tmp_path / "more" / "checkpoints" / "last.ckpt")
     assert resumed["global_step"] == 4
     assert resumed["hyper_parameters"]["model"]["heads_per_layer"]["cross"] == [4, 2]
+    unpruned = ckpt
+    for resumed_from, given in ((pruned, "[4,4]"), (unpruned, "[4,3]")):
+        heads = f"model.heads_per_layer={{encoder_self:[4,4],decoder_self:[4,4],cross:{given}}}"
+        with pytest.raises(ConfigError, match=r"model.heads_per_layer=.* differs from the heads"):
+            train(compose_cfg([*common, "trainer.max_steps=4", f"ckpt_path={resumed_from}", heads],
+                              tmp_path / "conflict"))  # fmt: skip
+
+
+def test_share_removes_the_heads_that_analysis_ranks_least_important(corpus, tmp_path) -> None:
+    """``--share 0.25 --by gradient`` removes the quarter of all heads (6 of the tiny model's 24)
+    with the lowest gradient importance that ``evaluate.py analysis=heads`` reports on the same
+    sentences."""
+    common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
+    train(compose_cfg([*common, "trainer.max_steps=4"], tmp_path / "run"))
+    ckpt, pruned = tmp_path / "run" / "checkpoints" / "last.ckpt", tmp_path / "pruned.ckpt"
+    evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=val", "analysis=heads",
+                       "analysis_options.importance=gradient", "analysis_options.sentences=8"],
+                      tmp_path / "heads"))  # fmt: skip
+    reported = json.loads((tmp_path / "heads" / "heads.json").read_text())["heads"]
+    ranked = sorted(reported, key=lambda h: h["gradient"])
+    expected = {(h["kind"], h["layer"], h["head"]) for h in ranked[:6]}
+    main([str(ckpt), str(pruned), "--share", "0.25", "--by", "gradient", "--sentences", "8",
+          "--data-root", str(corpus)])  # fmt: skip
+    removed = {tuple(h) for h in load_checkpoint(pruned)["pruned_heads"][-1]}
+    assert removed == expected
+    counts = load_checkpoint(pruned)["hyper_parameters"]["model"]["heads_per_layer"]
+    assert sum(map(sum, counts.values())) == 24 - 6

@@ -128,12 +128,14 @@ def adopt_pruned_heads(cfg: DictConfig) -> None:
     stored = (read_model_config(cfg.ckpt_path) or {}).get("heads_per_layer")
     given = cfg.model.get("heads_per_layer")
     given = None if given is None else OmegaConf.to_container(given)
-    if stored is None or given == stored:
+    if given == stored:
         return
     if given is not None:
+        held = stored if stored is not None else "every head: it is not pruned"
         raise ConfigError(
             f"model.heads_per_layer={given} differs from the heads of ckpt_path={cfg.ckpt_path} "
-            f"({stored}); leave model.heads_per_layer null to take the checkpoint's"
+            f"({held}); leave model.heads_per_layer null to take the checkpoint's (heads are "
+            "removed with python -m transformer.prune)"
         )
     cfg.model.heads_per_layer = stored
     log.info("%s is pruned: model.heads_per_layer=%s", cfg.ckpt_path, stored)
