@@ -9,6 +9,7 @@ are built and Lightning fits.
 from __future__ import annotations
 
 import logging
+import warnings
 from pathlib import Path
 from typing import Any
 
@@ -210,7 +211,11 @@ def train(cfg: DictConfig) -> dict[str, float]:
         lg.log_hyperparams(flat)
 
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+        with warnings.catch_warnings():
+            # Lightning's warning for a checkpoint taken inside an epoch, whose loader has no
+            # state_dict: the datamodule holds the sampler's position and resumes it exactly
+            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
+            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
     finally:
         if any(type(lg).__name__.endswith("WandbLogger") for lg in loggers):
             import wandb
