@@ -31,6 +31,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 import numpy as np
 
+from transformer.data.tokenizer import SPM_TRAIN_SENTENCES
+
 VOCAB_WORDS = 50_000
 
 
@@ -142,7 +144,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--vocab-size", type=int, default=32_000)
     parser.add_argument("--num-workers", type=int, default=2)
     parser.add_argument("--batches", type=int, default=200, help="drawn before RSS is read")
-    parser.add_argument("--spm-train-sentences", type=int, default=500_000)
+    parser.add_argument("--spm-train-sentences", type=int, default=SPM_TRAIN_SENTENCES)
     parser.add_argument("--measure", nargs=2, metavar=("ROOT", "CACHE"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:  # the child process

@@ -24,7 +24,13 @@ from transformer.data.token_cache import (
     file_digest,
     fingerprint,
 )
-from transformer.data.tokenizer import PAD_ID, SentenceSample, Tokenizer, train_tokenizer
+from transformer.data.tokenizer import (
+    PAD_ID,
+    SPM_TRAIN_SENTENCES,
+    SentenceSample,
+    Tokenizer,
+    train_tokenizer,
+)
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
 
 log = logging.getLogger(__name__)
@@ -61,7 +67,7 @@ class TranslationDataModule(L.LightningDataModule):
         vocab_size: int = 8000,
         spm_model_type: str = "unigram",
         joint_vocab: bool = True,
-        spm_train_sentences: int = 500_000,
+        spm_train_sentences: int = SPM_TRAIN_SENTENCES,
         max_tokens: int | None = 4096,
         batch_size: int | None = 64,
         max_len: int = 128,

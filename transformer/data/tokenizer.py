@@ -129,12 +129,17 @@ class SentenceSample:
         self.seen += len(texts)
 
 
+# SentencePiece's sample: its training time and memory grow with it (2.5 GB at 500,000 sentences
+# of WMT length, BENCHMARKS.md, "Data pipeline at WMT sizes"); data.spm_train_sentences
+SPM_TRAIN_SENTENCES = 500_000
+
+
 def train_tokenizer(
     texts: Iterable[str],
     model_path: str | os.PathLike,
     vocab_size: int,
     model_type: str = "unigram",
-    max_sentences: int = 500_000,
+    max_sentences: int = SPM_TRAIN_SENTENCES,
 ) -> Tokenizer:
     """Train a SentencePiece model on ``texts`` (at most ``max_sentences`` of them, a random
     sample beyond: SentencePiece's time and memory grow with them) and write it to
