@@ -18,14 +18,9 @@ from pathlib import Path
 
 import yaml
 
-TYPES = ("encoder_self", "decoder_self", "cross")
+from transformer.config import ATTENTION_TYPES as TYPES
+
 STAMP = re.compile(r"^\[(\d{4}-\d\d-\d\d \d\d:\d\d:\d\d),\d+\]")
-
-
-def _overrides(run: Path) -> dict[str, str]:
-    overrides = yaml.safe_load((run / ".hydra" / "overrides.yaml").read_text())
-    pairs = (o.split("=", 1) for o in overrides)
-    return {k.lstrip("+"): v for k, v in pairs}
 
 
 def _training(run: Path) -> dict:
@@ -44,8 +39,7 @@ def _training(run: Path) -> dict:
 
 
 def _roles(run: Path) -> dict[str, Counter]:
-    (path,) = sorted((run / "analysis_maps").rglob("roles.json"))[-1:]
-    roles = json.loads(path.read_text())
+    roles = json.loads((run / "analysis_maps" / "attention" / "roles.json").read_text())
     return {kind: Counter(r for layer in roles[kind] for r in layer) for kind in TYPES}
 
 
@@ -72,15 +66,14 @@ def collect(out: Path) -> list[dict]:
     for run in sorted(out.glob("*/[0-9]*"), key=lambda p: (p.parent.name != "heads", int(p.name))):
         if not (run / "eval_test_2016_flickr" / "metrics.json").is_file():
             continue
-        o = _overrides(run)
-        heads = int(o["model.num_heads"])
-        d_model = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["model"]["d_model"]
+        model = yaml.safe_load((run / ".hydra" / "config.yaml").read_text())["model"]
+        heads = model["num_heads"]
         test = json.loads((run / "eval_test_2016_flickr" / "metrics.json").read_text())
         rows.append({
             "run": f"{run.parent.name}/{run.name}",
             "num_heads": heads,
-            "num_kv_heads": int(o.get("model.num_kv_heads", heads)),
-            "head_dim": d_model // heads,
+            "num_kv_heads": model["num_kv_heads"] or heads,  # null: one per query head
+            "head_dim": model["d_model"] // heads,
             **_training(run),
             "test_bleu": test["bleu"], "test_bleu_lc": test["bleu_lc"], "test_chrf": test["chrf"],
             "roles": {k: dict(v) for k, v in _roles(run).items()},
