@@ -29,6 +29,7 @@ from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, tiny_overrides
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config_checks import model_config, validate_config
+from transformer.data.tokenizer import SPM_TRAIN_SENTENCES
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
@@ -137,6 +138,7 @@ def test_model_options_compose_to_their_shape_and_the_shared_keys(option):
 def test_data_options_compose_to_their_source_and_the_shared_keys(option):
     data = compose_cfg([f"data={option}", "~experiment"]).data
     assert OmegaConf.to_container(data) == {**DATA_KEYS, **DATA_SOURCES[option]}
+    assert data.spm_train_sentences == SPM_TRAIN_SENTENCES  # the code's default is the config's
 
 
 def test_decode_configs_spell_out_the_decode_options_defaults():
