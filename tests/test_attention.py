@@ -197,6 +197,40 @@ def test_self_attention_cache_equals_full_causal_forward(num_kv_heads: int) -> N
         torch.testing.assert_close(rest, full[:, 2:], atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("num_kv_heads", [4, 2, 1])
+def test_a_cached_step_on_cpu_is_torch_attention_of_the_cache(monkeypatch, num_kv_heads) -> None:
+    """A decoding step on CPU (one query per row, keys and values read where the cache holds
+    them) computes torch's attention of the same tensors made contiguous: grouped heads, masked
+    keys, the queries of several beams at once, bf16 in float32; and the module runs it."""
+    k, v = (torch.randn(B, num_kv_heads, T, D // H) for _ in range(2))
+    cache = KVCache(k, v)
+    assert not cache.k.is_contiguous()  # the time-major buffer's strided view
+    allowed = ~lengths_to_pad_mask([T, 3, 1], T)[:, None, None, :]  # (B, 1, 1, Tk)
+    gqa = num_kv_heads != H
+    for queries in (1, 5):  # one decoder row per sentence, or five beams' rows attending together
+        q = torch.randn(B, H, queries, D // H)
+        want = nn.functional.scaled_dot_product_attention(q, k, v, allowed, enable_gqa=gqa)
+        got = attention_module.step_attention(q, cache.k, cache.v, allowed)
+        torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
+    half = attention_module.step_attention(
+        q.bfloat16(), cache.k.bfloat16(), cache.v.bfloat16(), None
+    )
+    f32 = [t.bfloat16().float() for t in (q, k, v)]
+    want = nn.functional.scaled_dot_product_attention(*f32, enable_gqa=gqa)
+    assert half.dtype == torch.bfloat16
+    torch.testing.assert_close(half.float(), want, atol=1e-2, rtol=1e-2)
+
+    calls = []
+    real = attention_module.step_attention
+    monkeypatch.setattr(attention_module, "step_attention", lambda *a: calls.append(1) or real(*a))
+    attn = MultiheadAttention(D, H, num_kv_heads).eval()
+    step_cache = KVCache()
+    attn(torch.randn(B, 2, D), causal=True, cache=step_cache)  # a prefix: SDPA
+    assert not calls
+    attn(torch.randn(B, 1, D), causal=True, cache=step_cache)  # a step
+    assert calls == [1]
+
+
 def test_cross_attention_cache_projects_memory_once() -> None:
     attn = MultiheadAttention(D, H, cross=True).eval()
     memory, x = torch.randn(B, S, D), torch.randn(B, T, D)
@@ -290,6 +324,8 @@ def test_repeated_kv_heads_give_what_grouped_heads_give(monkeypatch, num_kv_head
     monkeypatch.setattr(attention_module, "fused_gqa", lambda *args: False)
     monkeypatch.setattr(attention_module, "repeat_heads", lambda *a: calls.append(1) or real(*a))
     repeated = outputs()
-    assert len(calls) == 2 * 5  # k and v of each of the five SDPA calls
+    assert (
+        len(calls) == 2 * 4
+    )  # k and v of each SDPA call (on CPU a cached step runs step_attention)
     for got, want in zip(repeated, grouped, strict=True):
         torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)

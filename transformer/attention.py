@@ -109,6 +109,23 @@ def sdpa(
     return out.to(q.dtype)
 
 
+def step_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
+    """One decoding step on CPU: q (B, H, Tq, Dh) against cached k, v (B, Hkv, Tk, Dh) ->
+    (B, H, Tq, Dh), in float32 (as :func:`sdpa` decodes), as two batched matrix products that
+    read the cache's strided keys and values where they lie; PyTorch's fused CPU kernel is
+    slower on them than on contiguous ones (BENCHMARKS.md, "CTranslate2 against our decoder").
+    ``allowed`` must be broadcastable to (B, 1, 1, Tk): key padding, no causal mask."""
+    B, H, Tq, Dh = q.shape
+    Hkv, Tk, dtype = k.size(1), k.size(2), q.dtype
+    q = q.float().reshape(B * Hkv, H // Hkv * Tq, Dh)  # a key/value head's query heads together
+    k, v = k.float().reshape(B * Hkv, Tk, Dh), v.float().reshape(B * Hkv, Tk, Dh)
+    scores = torch.bmm(q, k.transpose(1, 2)).mul_(1 / math.sqrt(Dh))  # (B * Hkv, H/Hkv * Tq, Tk)
+    if allowed is not None:
+        scores.view(B, Hkv, -1, Tk).masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    out = torch.bmm(scores.softmax(-1), v)  # (B * Hkv, H/Hkv * Tq, Dh)
+    return out.view(B, H, Tq, Dh).to(dtype)
+
+
 class MultiheadAttention(nn.Module):
     """Multi-head (optionally grouped-query) attention.
 
@@ -244,10 +261,14 @@ class MultiheadAttention(nn.Module):
             fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
             needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
             allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
-            out = sdpa(
-                q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
-                enable_gqa=self.num_kv_heads != self.num_heads,
-            )  # fmt: skip
+            step = cache is not None and Tq == 1 and not needs_mask and not dropout_p
+            if step and x.device.type == "cpu" and self.num_heads:  # (pruned to none: SDPA)
+                out = step_attention(q, k, v, allowed)
+            else:
+                out = sdpa(
+                    q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
+                    enable_gqa=self.num_kv_heads != self.num_heads,
+                )  # fmt: skip
         if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
             out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
             if weights is not None:

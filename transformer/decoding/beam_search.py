@@ -80,16 +80,19 @@ def beam_search(
             lprobs = stepper.log_probs(prefixes)  # (n * k, V)
             lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
             lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], options.no_repeat_ngram_size)
-            V = lprobs.size(-1)
-            if k * V < 2 * K:
+            if lprobs.size(-1) < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
-            lprobs = lprobs.view(n, k, V)  # a fresh tensor: changed in place below
-            last = (t >= max_len).view(n, 1, 1)  # this token must be eos
-            not_eos = torch.arange(V, device=device) != eos_id
-            lprobs.masked_fill_(last & not_eos, float("-inf"))
-
-            cand_scores, cand = lprobs.add_(scores.unsqueeze(-1)).view(n, k * V).topk(2 * K, dim=1)
-            cand_beam, cand_tok = cand // V, cand % V  # (n, 2K)
+            # A sentence's 2K best candidates are among its rows' 2K best tokens each (a row's
+            # score adds to all its tokens alike), so the scores add to these alone.
+            row_lprobs, row_tok = lprobs.topk(2 * K, dim=1)  # (n * k, 2K)
+            last = t >= max_len  # (n,) this token must be eos: it is each row's one candidate
+            at_limit = last.repeat_interleave(k).unsqueeze(1)  # (n * k, 1)
+            eos_only = torch.where(order == 0, lprobs[:, eos_id : eos_id + 1], float("-inf"))
+            row_lprobs = torch.where(at_limit, eos_only, row_lprobs)
+            row_tok = row_tok.masked_fill_(at_limit, eos_id)
+            row_lprobs = row_lprobs.view(n, k, 2 * K) + scores.unsqueeze(-1)
+            cand_scores, cand = row_lprobs.view(n, k * 2 * K).topk(2 * K, dim=1)  # (n, 2K)
+            cand_beam, cand_tok = cand // (2 * K), row_tok.view(n, k * 2 * K).gather(1, cand)
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
             )  # (n, 2K, t)
@@ -118,7 +121,7 @@ def beam_search(
 
             # A sentence with K finished hypotheses, or at its length limit, is done: its
             # hypotheses go to the output and its rows leave the batch.
-            done = fin_scores[:, -1].isfinite() | last.view(n)  # (n,)
+            done = fin_scores[:, -1].isfinite() | last  # (n,)
             n_done = int(done.sum())  # the one host synchronisation of a step
             if n_done == 0:
                 if t > 0 and K > 1:  # (one beam: the rows stay as they are)
