@@ -28,6 +28,7 @@ from torch import Tensor, nn
 from transformer.config import check_heads
 from transformer.dropout import dropout
 from transformer.kv_cache import KVCache
+from transformer.linear import Linear
 from transformer.masks import attention_allowed, causal_allowed
 
 
@@ -170,11 +171,11 @@ class MultiheadAttention(nn.Module):
         with warnings.catch_warnings():  # a module pruned to no heads has empty matrices
             warnings.filterwarnings("ignore", "Initializing zero-element tensors")
             if cross:
-                self.q_proj = nn.Linear(q_dim, self.q_width, bias=bias)
-                self.kv_proj = nn.Linear(kv_dim, 2 * self.kv_width, bias=bias)
+                self.q_proj = Linear(q_dim, self.q_width, bias=bias)
+                self.kv_proj = Linear(kv_dim, 2 * self.kv_width, bias=bias)
             else:
-                self.qkv_proj = nn.Linear(q_dim, self.q_width + 2 * self.kv_width, bias=bias)
-            self.out_proj = nn.Linear(self.q_width, d_model, bias=bias)
+                self.qkv_proj = Linear(q_dim, self.q_width + 2 * self.kv_width, bias=bias)
+            self.out_proj = Linear(self.q_width, d_model, bias=bias)
         # (H,) per-head output scale; not saved in checkpoints, follows the module's device.
         self.register_buffer("head_mask", None, persistent=False)
         self.reset_parameters()

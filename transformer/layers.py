@@ -11,6 +11,7 @@ from transformer.attention import MultiheadAttention
 from transformer.config import TransformerConfig
 from transformer.dropout import Dropout
 from transformer.kv_cache import DecoderCache, KVCache
+from transformer.linear import Linear
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
 
@@ -18,8 +19,8 @@ SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if a
 class FeedForward(nn.Module):
     def __init__(self, cfg: TransformerConfig) -> None:
         super().__init__()
-        self.fc1 = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
-        self.fc2 = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.fc1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
         self.activation = F.relu if cfg.activation == "relu" else F.gelu
         self.dropout = Dropout(cfg.activation_dropout)
         for fc in (self.fc1, self.fc2):

@@ -17,6 +17,7 @@ from transformer.config import ATTENTION_TYPES, TransformerConfig
 from transformer.embedding import TransformerEmbedding
 from transformer.kv_cache import DecoderCache
 from transformer.layers import Decoder, Encoder
+from transformer.linear import Linear
 from transformer.masks import padding_mask
 
 
@@ -39,7 +40,7 @@ class Transformer(nn.Module):
         self.tgt_embed = TransformerEmbedding(tgt_tokens, cfg.max_positions, cfg.dropout)
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.output = nn.Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
         if cfg.tie_output_embeddings or cfg.share_all_embeddings:
             self.output.weight = tgt_tokens.weight
         else:

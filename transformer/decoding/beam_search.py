@@ -14,6 +14,7 @@ loop: the ids it bans are index tensors made before it.
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.decoding.options import DecodeOptions
@@ -80,19 +81,23 @@ def beam_search(
             lprobs = stepper.log_probs(prefixes)  # (n * k, V)
             lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
             lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], options.no_repeat_ngram_size)
-            if lprobs.size(-1) < 2 * K:
+            V = lprobs.size(-1)
+            if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
-            # A sentence's 2K best candidates are among its rows' 2K best tokens each (a row's
-            # score adds to all its tokens alike), so the scores add to these alone.
-            row_lprobs, row_tok = lprobs.topk(2 * K, dim=1)  # (n * k, 2K)
-            last = t >= max_len  # (n,) this token must be eos: it is each row's one candidate
-            at_limit = last.repeat_interleave(k).unsqueeze(1)  # (n * k, 1)
-            eos_only = torch.where(order == 0, lprobs[:, eos_id : eos_id + 1], float("-inf"))
-            row_lprobs = torch.where(at_limit, eos_only, row_lprobs)
-            row_tok = row_tok.masked_fill_(at_limit, eos_id)
-            row_lprobs = row_lprobs.view(n, k, 2 * K) + scores.unsqueeze(-1)
-            cand_scores, cand = row_lprobs.view(n, k * 2 * K).topk(2 * K, dim=1)  # (n, 2K)
-            cand_beam, cand_tok = cand // (2 * K), row_tok.view(n, k * 2 * K).gather(1, cand)
+            lprobs = lprobs.view(n, k, V)  # a fresh tensor: changed in place below
+            last = t >= max_len  # (n,) at its length limit a sentence can only end
+            eos_scores = lprobs[..., eos_id] + scores  # (n, k) its candidates then
+            # The others draw from every token; a sentence at its limit from its beams' eos.
+            lprobs.add_(torch.where(last.unsqueeze(1), float("-inf"), scores).unsqueeze(-1))
+            cand_scores, cand = lprobs.view(n, k * V).topk(2 * K, dim=1)
+            cand_beam, cand_tok = cand // V, cand % V  # (n, 2K)
+            at_limit, pad = last.unsqueeze(1), (0, 2 * K - k)
+            limit_scores, limit_beam = eos_scores.sort(dim=1, descending=True)
+            limit_scores = F.pad(limit_scores, pad, value=float("-inf"))
+            cand_scores = torch.where(at_limit, limit_scores, cand_scores)
+            cand_beam = torch.where(at_limit, F.pad(limit_beam, pad), cand_beam)
+            cand_tok = cand_tok.masked_fill_(at_limit, eos_id)
+
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
             )  # (n, 2K, t)
@@ -104,7 +109,7 @@ def beam_search(
             fin_scores, pick = torch.cat(
                 [fin_scores, normalised.masked_fill(~finishing, float("-inf"))], dim=1
             ).topk(K, dim=1)  # (n, K)
-            new_tokens = torch.nn.functional.pad(cand_seq[:, :K], (0, L - t - 1), value=pad_id)
+            new_tokens = F.pad(cand_seq[:, :K], (0, L - t - 1), value=pad_id)
             fin_tokens = torch.cat([fin_tokens, new_tokens], 1).gather(
                 1, pick.unsqueeze(-1).expand(-1, -1, L)
             )  # (n, K, L)
