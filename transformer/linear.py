@@ -4,7 +4,8 @@ PyTorch computes a float32 linear layer on CPU with MKL's sgemm. On AMD CPUs MKL
 code path: oneDNN's kernel, which PyTorch ships for the linear layers of compiled models
 (``torch.ops.mkldnn._linear_pointwise``), is about twice as fast at decoding shapes (BENCHMARKS.md,
 "CTranslate2 against our decoder"). Only where nothing records gradients (decoding, validation,
-evaluation); training keeps ``F.linear``, and so does any PyTorch build without that operator.
+evaluation) and nothing is being compiled; training keeps ``F.linear``, and so does any PyTorch
+build without that operator.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ class Linear(nn.Linear):
             and x.dtype == self.weight.dtype == torch.float32
             and self.weight.numel()
             and not torch.is_grad_enabled()
+            and not torch.compiler.is_compiling()  # compiled: inductor picks its own kernels
         ):
             return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
         return F.linear(x, self.weight, self.bias)
