@@ -61,7 +61,7 @@ def main() -> None:
     if args.data_root:
         settings["root"] = args.data_root
     data = TranslationDataModule(**settings)
-    split = data.split_names.get(args.test_split, args.test_split)
+    split = data.split_name(args.test_split)
     sources = data.sources(split)[: args.test_sentences]
     references = data.references(split)[: args.test_sentences]
     full = model_from_checkpoint(ckpt).eval()

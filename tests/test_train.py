@@ -116,7 +116,7 @@ DATA_KEYS = {
     "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
     "joint_vocab": True, "spm_train_sentences": 500_000, "max_tokens": 4096, "batch_size": 64,
     "max_len": 128, "pad_to_multiple": 1, "num_workers": 2, "seed": 1234, "cache_dir": "data/cache",
-    "prepare_per_node": True,
+    "prepare_per_node": True, "corpora": None, "target_token": False,
 }  # fmt: skip
 DATA_SOURCES = {
     "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,
@@ -293,7 +293,7 @@ def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run,
             enable_model_summary=False, enable_checkpointing=False,
         )  # fmt: skip
         bleu[strategy] = trainer.validate(module, datamodule=dm, verbose=False)[0]["val/bleu"]
-        hyps[strategy] = module._val_hyps
+        hyps[strategy] = module._val_hyps[0]  # the one validation loader's
         assert len(beams) == (strategy == "beam") * len(dm.val_dataloader())  # every val batch
     assert beams and set(beams) == {1}
     assert len(hyps["greedy"]) == 32 and any(hyps["greedy"].values())

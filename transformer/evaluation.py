@@ -232,8 +232,11 @@ def _score_pairs(
         chunks = ((first, _pairs(chunk, first, str(cfg.input))) for first, chunk in lines)
     else:
         datamodule = _datamodule(ckpt, cfg.data, paths[0])
-        split = datamodule.split_names.get(cfg.split, cfg.split)
-        pairs = list(zip(datamodule.sources(split), datamodule.references(split), strict=True))
+        texts = (
+            datamodule.sources(cfg.split, cfg.direction),
+            datamodule.references(cfg.split, cfg.direction),
+        )
+        pairs = list(zip(*texts, strict=True))
         step, total = cfg.input_chunk, len(pairs)
         chunks = ((i, pairs[i : i + step]) for i in range(done, total, step))
 
@@ -315,6 +318,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     else:
         raise ConfigError(f"engine={engine}: choose torch or ctranslate2")
 
+    settings = ckpt.get("datamodule_hyper_parameters") or {}
+    if cfg.direction is not None or settings.get("target_token"):
+        # a multilingual model: its target token before each source line
+        prefix = _datamodule(ckpt, cfg.data, paths[0]).source_prefix(cfg.direction)
+        translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
     if cfg.score:
         result = _score_pairs(cfg, translator, ckpt, paths, max_tokens, out_dir)
         return {**result, "scoring": OmegaConf.to_container(cfg.scoring), "checkpoints": paths}
@@ -323,8 +331,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         return {**result, "decode": decode_settings, "checkpoints": paths}
 
     datamodule = _datamodule(ckpt, cfg.data, paths[0])
-    split = datamodule.split_names.get(cfg.split, cfg.split)
-    sources, references = datamodule.sources(split), datamodule.references(split)
+    split = datamodule.split_name(cfg.split, cfg.direction)
+    sources = datamodule.sources(split, cfg.direction)
+    references = datamodule.references(split, cfg.direction)
     if analysis is not None:
         return run_analysis(
             analysis, translator, sources, references, cfg.analysis_options, out_dir
@@ -344,7 +353,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             "chrf": scores.chrf_signature,
         },
         "split": split,
-        "direction": f"{datamodule.src_lang}-{datamodule.tgt_lang}",
+        "direction": cfg.direction or datamodule.directions[0],
         "num_sentences": scores.num_sentences,
         "decode": decode_settings,
         "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading

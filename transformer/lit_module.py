@@ -280,9 +280,9 @@ class TranslationModule(L.LightningModule):
 
     def on_validation_epoch_start(self) -> None:
         self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        self._val_hyps = {}
+        self._val_hyps: dict[int, dict[int, str]] = {}  # per validation loader (direction)
 
-    def validation_step(self, batch, batch_idx: int) -> None:
+    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
         loss_sum, nll_sum, ntok = self._loss(batch)
         self._val_sums += torch.stack([loss_sum.double(), nll_sum.double(), ntok.double()])
         if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
@@ -299,8 +299,9 @@ class TranslationModule(L.LightningModule):
             self.decoding,
             batch.src_pad_mask[keep],
         )
+        hyps = self._val_hyps.setdefault(dataloader_idx, {})
         for i, best in zip(batch.ids[keep].tolist(), translations, strict=True):
-            self._val_hyps[i] = best[0].text if best else ""
+            hyps[i] = best[0].text if best else ""
 
     def on_validation_epoch_end(self) -> None:
         sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
@@ -310,27 +311,41 @@ class TranslationModule(L.LightningModule):
         self.log("val/ppl", math.exp(min(nll_sum / ntok, 50.0)))
         if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
             return
-        hyps = self._val_hyps
-        if self.trainer.world_size > 1:  # every rank decoded its own shard: gather them all
-            parts: list[dict[int, str]] = [{} for _ in range(self.trainer.world_size)]
-            torch.distributed.all_gather_object(parts, hyps)
-            hyps = {k: v for part in parts for k, v in part.items()}
-        if not hyps:
-            return
-        refs = self.trainer.datamodule.references("val")
-        ids = sorted(hyps)
-        scores = score_translations([hyps[i] for i in ids], [refs[i] for i in ids])
-        self.log("val/bleu", scores.bleu, prog_bar=True)
-        self.log("val/bleu_lc", scores.bleu_lc)
-        self.log("val/chrf", scores.chrf)
-        if self.global_rank == 0:
-            log.info(
-                "step %d: val BLEU %.2f on %d sentences (%s)",
-                self.global_step,
-                scores.bleu,
-                scores.num_sentences,
-                scores.bleu_signature,
+        datamodule = self.trainer.datamodule
+        directions = datamodule.directions
+        bleus = []
+        for idx, direction in enumerate(directions):
+            hyps = self._val_hyps.get(idx, {})
+            if self.trainer.world_size > 1:  # every rank decoded its own shard: gather them all
+                parts: list[dict[int, str]] = [{} for _ in range(self.trainer.world_size)]
+                torch.distributed.all_gather_object(parts, hyps)
+                hyps = {k: v for part in parts for k, v in part.items()}
+            if not hyps:
+                continue
+            refs = (
+                datamodule.references("val", direction)
+                if direction
+                else datamodule.references("val")
             )
+            ids = sorted(hyps)
+            scores = score_translations([hyps[i] for i in ids], [refs[i] for i in ids])
+            # One direction: val/bleu; several: val/bleu/en-de ..., and val/bleu their mean
+            key = "" if len(directions) == 1 else f"/{direction}"
+            self.log(f"val/bleu{key}", scores.bleu, prog_bar=not key)
+            self.log(f"val/bleu_lc{key}", scores.bleu_lc)
+            self.log(f"val/chrf{key}", scores.chrf)
+            bleus.append(scores.bleu)
+            if self.global_rank == 0:
+                log.info(
+                    "step %d: val BLEU %.2f on %d sentences%s (%s)",
+                    self.global_step,
+                    scores.bleu,
+                    scores.num_sentences,
+                    f", {direction}" if key else "",
+                    scores.bleu_signature,
+                )
+        if len(directions) > 1 and bleus:
+            self.log("val/bleu", sum(bleus) / len(bleus), prog_bar=True)
 
     # -- checkpoints -------------------------------------------------------------------------
 

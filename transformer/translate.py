@@ -105,6 +105,8 @@ class Translator:
     their mean probabilities); ``model`` is the first, the one attention analysis reads."""
 
     def __init__(self, model: Models, src_tokenizer: Tokenizer, tgt_tokenizer: Tokenizer) -> None:
+        """A multilingual model's ``src_tokenizer`` puts its target token before each line
+        (``Tokenizer.with_prefix``)."""
         self.models = [m.eval() for m in as_ensemble(model)]
         self.model = self.models[0]
         self.src_tokenizer, self.tgt_tokenizer = src_tokenizer, tgt_tokenizer
@@ -150,11 +152,13 @@ class Translator:
             self.models, src[index], tgt_in, options.alignment_layer, options.alignment_head
         ).cpu()  # (N, T, S)
         out: list[list[str]] = [[] for _ in hyps]
+        first = len(self.src_tokenizer.prefix)  # the line's words start after its prefix
         for r, (k, h) in enumerate(rows):
-            x = [i for i in src[k].tolist() if i not in (self.pad_id, EOS_ID)]
+            x = [i for i in src[k].tolist() if i not in (self.pad_id, EOS_ID)][first:]
             src_words = word_index(x, self.src_tokenizer.pieces(x))
             tgt_words = word_index(h.tokens, self.tgt_tokenizer.pieces(h.tokens))
-            piece_weights = weights[r, : len(h.tokens), : len(x)]  # (T, S): eos and pad left out
+            # (T, S): the prefix, eos and pad left out
+            piece_weights = weights[r, : len(h.tokens), first : first + len(x)]
             out[k].append(format_alignment(word_alignment(piece_weights, tgt_words, src_words)))
         return out
 

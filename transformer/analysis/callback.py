@@ -114,7 +114,8 @@ class AttentionMapsCallback(Callback):
 
     def _analyse(self, trainer: L.Trainer, pl_module: TranslationModule) -> None:
         dm, model, step = trainer.datamodule, pl_module.model, trainer.global_step
-        src_tok, tgt_tok = dm.src_tokenizer, dm.tgt_tokenizer
+        # (a multilingual model reads the first direction's target token first)
+        src_tok, tgt_tok = dm.src_tokenizer.with_prefix(dm.source_prefix()), dm.tgt_tokenizer
         out = self.out_dir / f"step{step:07d}"
         val_src, val_ref = self._texts(
             trainer, max(self.num_probes, self.num_samples, self.stats_sentences)

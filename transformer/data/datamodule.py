@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +14,18 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from transformer.data.collate import Collator, padded_sizes
+from transformer.data.corpora import (
+    Corpus,
+    make_corpora,
+    prefix_tokens,
+    special_tokens,
+    validated,
+)
 from transformer.data.sampler import TokenBudgetBatchSampler
-from transformer.data.sources import DEFAULT_SPLITS, make_source
 from transformer.data.text_files import ParallelText, checked
 from transformer.data.token_cache import (
     CACHE_FORMAT,
+    ConcatSplit,
     TokenizedSplit,
     build_split,
     file_digest,
@@ -32,12 +39,14 @@ from transformer.data.tokenizer import (
     train_tokenizer,
 )
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
+from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
 
 
 class TranslationDataModule(L.LightningDataModule):
-    """Batches of one translation direction of a parallel corpus.
+    """Batches of one translation direction of a parallel corpus, or of several corpora and
+    directions (``corpora``, ``target_token``: :mod:`transformer.data.corpora`).
 
     ``prepare_data`` (once per node) downloads what is missing, reads and checks the raw text,
     trains the SentencePiece model(s) on the training split and tokenizes every split into
@@ -56,6 +65,11 @@ class TranslationDataModule(L.LightningDataModule):
     counted in the log); validation and test splits are kept whole, in corpus order, so that
     ``Batch.ids`` index ``references(split)``. Under DDP the trainer needs
     ``use_distributed_sampler=False``: the batch sampler shards by itself.
+
+    With several corpora the SentencePiece models train on all their training splits, each
+    corpus's splits are cached apart, training samples them by their weights, and validation and
+    test run per direction (:attr:`directions`; the stage aliases ``val``/``test`` then take a
+    ``direction``, the first by default).
     """
 
     def __init__(
@@ -83,10 +97,10 @@ class TranslationDataModule(L.LightningDataModule):
         hf_path: str | None = None,
         download: bool = True,
         prepare_per_node: bool = True,
+        corpora: list[dict[str, Any]] | None = None,
+        target_token: bool = False,
     ) -> None:
         super().__init__()
-        if source not in DEFAULT_SPLITS:
-            raise ValueError(f"source must be one of {list(DEFAULT_SPLITS)}, got {source!r}")
         if max_len < 1:
             raise ValueError(f"max_len must be positive, got {max_len}")
         if max_tokens is not None and max_tokens < max_len + 1:
@@ -96,8 +110,8 @@ class TranslationDataModule(L.LightningDataModule):
             )
         if max_tokens is None and not batch_size:
             raise ValueError("set data.max_tokens (token budget) or data.batch_size (sentences)")
-        if source in ("multi30k", "local") and root is None:
-            raise ValueError(f"data={source} needs data.root, the directory with the files")
+        if corpora is not None:  # plain lists and dicts: checkpoints load no Hydra containers
+            corpora = [dict(e) if isinstance(e, Mapping) else e for e in corpora]
         self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
         # Lightning's switch: True builds the caches on every node (local disks), False on the
         # first node only (a cache_dir on a file system all nodes share).
@@ -108,22 +122,30 @@ class TranslationDataModule(L.LightningDataModule):
         self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
         self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
         self.cache_dir = Path(cache_dir)
-        defaults = DEFAULT_SPLITS[source]
-        self.split_names = {
-            "train": train_split or defaults[0],
-            "val": val_split or defaults[1],
-            "test": test_split or defaults[2],
-        }
         # Built now (reading nothing), so that their checks of the options run before data work.
-        self.source = make_source(
-            source, root, src_lang, tgt_lang, download, hf_name, hf_config, hf_path
-        )
-        self.tokenizer_files = TokenizerFiles(
-            self.cache_dir / "spm", self.source.tag, src_lang, tgt_lang, vocab_size,
-            spm_model_type, joint_vocab, spm_train_sentences,
+        self.corpora: list[Corpus] = make_corpora(
+            corpora,
+            {
+                "source": source, "root": root, "src_lang": src_lang, "tgt_lang": tgt_lang,
+                "train_split": train_split, "val_split": val_split, "test_split": test_split,
+                "hf_name": hf_name, "hf_config": hf_config, "hf_path": hf_path,
+                "download": download,
+            },
         )  # fmt: skip
-        self._splits: dict[str, TokenizedSplit] = {}
-        self._texts: dict[str, ParallelText] = {}
+        self.target_token = target_token
+        self._validated = validated(self.corpora)  # direction -> its corpus for val and test
+        self.directions = list(self._validated)
+        src_langs = sorted({c.source.src_lang for c in self.corpora})
+        tgt_langs = sorted({c.source.tgt_lang for c in self.corpora})
+        self.tokenizer_files = TokenizerFiles(
+            self.cache_dir / "spm", "+".join(dict.fromkeys(c.source.tag for c in self.corpora)),
+            "-".join(src_langs), "-".join(tgt_langs), vocab_size, spm_model_type, joint_vocab,
+            spm_train_sentences, special_tokens(self.corpora, target_token),
+        )  # fmt: skip
+        self._splits: dict[tuple[int, str], TokenizedSplit] = {}  # (corpus, split) ->
+        self._train: TokenizedSplit | ConcatSplit | None = None  # all training pairs
+        self._train_parts: list[TokenizedSplit] = []  # each corpus's
+        self._texts: dict[tuple[int, str], ParallelText] = {}
         self.src_tokenizer: Tokenizer | None = None
         self.tgt_tokenizer: Tokenizer | None = None
         self._checkpoint_tokenizers: tuple[Tokenizer, Tokenizer] | None = None
@@ -146,8 +168,34 @@ class TranslationDataModule(L.LightningDataModule):
 
     # -- building ----------------------------------------------------------------------------
 
-    def _split_list(self) -> list[str]:
-        return list(dict.fromkeys(self.split_names.values()))
+    def _corpus(self, direction: str | None) -> int:
+        """The corpus that validates ``direction`` (None: the first direction)."""
+        if direction is None:
+            return 0
+        if direction not in self._validated:
+            raise DataError(
+                f"no corpus translates {direction}; the directions are {self.directions}"
+            )
+        return self._validated[direction]
+
+    def _splits_of(self, c: int) -> list[str]:
+        """Corpus ``c``'s splits: its training split, and if it validates its direction its val
+        and test splits."""
+        corpus = self.corpora[c]
+        if self._validated[corpus.direction] != c:
+            return [corpus.splits["train"]]
+        return list(dict.fromkeys(corpus.splits.values()))
+
+    def split_name(self, name: str, direction: str | None = None) -> str:
+        """The split a stage alias (``train``/``val``/``test``) names in ``direction``'s corpus;
+        any other name as it is."""
+        return self.corpora[self._corpus(direction)].splits.get(name, name)
+
+    def source_prefix(self, direction: str | None = None) -> tuple[str, ...]:
+        """The tokens before each source sentence translated in ``direction``: its target token
+        with ``target_token``, else none (``Tokenizer.with_prefix`` puts them there)."""
+        corpus = self.corpora[self._corpus(direction)]
+        return prefix_tokens(corpus, self.target_token, training=False)
 
     def use_tokenizers(self, src: bytes, tgt: bytes, checkpoint: str | os.PathLike) -> None:
         """Use the SentencePiece models ``checkpoint`` was trained with (``src``, ``tgt``: their
@@ -163,24 +211,33 @@ class TranslationDataModule(L.LightningDataModule):
         self._checkpoint_tokenizers = self.tokenizer_files.from_checkpoint(src, tgt, checkpoint)
         log.info("using the tokenizers of checkpoint %s, not training SentencePiece", checkpoint)
 
-    def _split_path(self, split: str, identity: str, tok_digest: str, filtered: bool) -> Path:
-        key = fingerprint(CACHE_FORMAT, identity, tok_digest, self.max_len if filtered else None)
-        pair = f"{self.src_lang}-{self.tgt_lang}"
-        return self.cache_dir / "tok" / f"{self.source.tag}.{split}.{pair}.{key}"
+    def _prefix(self, c: int, split: str) -> tuple[str, ...]:
+        corpus = self.corpora[c]
+        return prefix_tokens(corpus, self.target_token, training=split == corpus.splits["train"])
 
-    def _read(self, split: str) -> ParallelText:
+    def _split_path(self, c: int, split: str, identity: str, tok_digest: str) -> Path:
+        corpus, prefix = self.corpora[c], self._prefix(c, split)
+        filtered = split == corpus.splits["train"]
+        parts = (CACHE_FORMAT, identity, tok_digest, self.max_len if filtered else None)
+        key = fingerprint(*parts, prefix) if prefix else fingerprint(*parts)
+        pair = f"{corpus.source.src_lang}-{corpus.source.tgt_lang}"
+        return self.cache_dir / "tok" / f"{corpus.source.tag}.{split}.{pair}.{key}"
+
+    def _read(self, split: str, c: int = 0) -> ParallelText:
         """A split's pairs, all of them, checked (kept: validation and test texts are BLEU's
         references and small; the training split is only ever streamed, :meth:`_chunks`)."""
-        if split not in self._texts:
-            self._texts[split] = ParallelText.join(self._chunks(split), self.source.origin(split))
-        return self._texts[split]
+        if (c, split) not in self._texts:
+            origin = self.corpora[c].source.origin(split)
+            self._texts[c, split] = ParallelText.join(self._chunks(split, c), origin)
+        return self._texts[c, split]
 
-    def _chunks(self, split: str) -> Iterator[ParallelText]:
+    def _chunks(self, split: str, c: int = 0) -> Iterator[ParallelText]:
         """A split's pairs as the source streams them, checked on the way."""
-        if split in self._texts:
-            return iter([self._texts[split]])
-        langs = self.src_lang, self.tgt_lang
-        return checked(self.source.read_chunks(split), split, langs, self.source.origin(split))
+        if (c, split) in self._texts:
+            return iter([self._texts[c, split]])
+        source = self.corpora[c].source
+        langs = source.src_lang, source.tgt_lang
+        return checked(source.read_chunks(split), split, langs, source.origin(split))
 
     def _tokenizers(self, train_identity: str) -> tuple[Tokenizer, Tokenizer]:
         """The checkpoint's tokenizers (saved into the cache), else those trained on the training
@@ -191,18 +248,19 @@ class TranslationDataModule(L.LightningDataModule):
         src_path, tgt_path = self.tokenizer_files.trained_paths(train_identity)
         if not (src_path.exists() and tgt_path.exists()):
             files = self.tokenizer_files
-            settings = files.vocab_size, files.model_type, files.train_sentences
-            train = self.split_names["train"]
-            for s in self._split_list():  # check the small splits before the long work
-                if s != train:
-                    self._read(s)
-            # One pass over the training split checks it and draws SentencePiece's sample(s).
+            settings = files.vocab_size, files.model_type, files.train_sentences, files.symbols
+            for c, corpus in enumerate(self.corpora):  # the small splits before the long work
+                for s in self._splits_of(c):
+                    if s != corpus.splits["train"]:
+                        self._read(s, c)
+            # One pass over the training splits checks them and draws SentencePiece's sample(s).
             samples = [
                 SentenceSample(files.train_sentences) for _ in range(1 if self.joint_vocab else 2)
             ]
-            for part in self._chunks(train):
-                samples[0].add(part.src)
-                samples[-1].add(part.tgt)
+            for c, corpus in enumerate(self.corpora):
+                for part in self._chunks(corpus.splits["train"], c):
+                    samples[0].add(part.src)
+                    samples[-1].add(part.tgt)
             paths = [src_path] if self.joint_vocab else [src_path, tgt_path]
             for path, sample in zip(paths, samples, strict=True):
                 if not path.exists():
@@ -212,34 +270,38 @@ class TranslationDataModule(L.LightningDataModule):
     def _build(self) -> None:
         """Make sure tokenizers and token-id caches exist, building only what is missing, and
         load them."""
-        source, splits = self.source, self._split_list()
-        train = self.split_names["train"]
-        source.prepare(splits)
-        identities = {s: source.identity(s) for s in splits}
-        self.src_tokenizer, self.tgt_tokenizer = self._tokenizers(identities[train])
+        keys = [(c, s) for c in range(len(self.corpora)) for s in self._splits_of(c)]
+        for c, corpus in enumerate(self.corpora):
+            corpus.source.prepare(self._splits_of(c))
+        identities = {(c, s): self.corpora[c].source.identity(s) for c, s in keys}
+        trains = [(c, corpus.splits["train"]) for c, corpus in enumerate(self.corpora)]
+        train_identity = "+".join(identities[key] for key in trains)
+        self.src_tokenizer, self.tgt_tokenizer = self._tokenizers(train_identity)
         tok_digest = "+".join(
             file_digest(t.model_path) for t in (self.src_tokenizer, self.tgt_tokenizer)
         )
-        paths = {
-            s: self._split_path(s, identities[s], tok_digest, filtered=s == train) for s in splits
-        }
-        missing = [s for s in splits if not paths[s].exists()]
-        for s in missing:  # the small splits first: bad input fails before the long work
-            if s != train:
-                self._read(s)
-        for s in missing:
+        paths = {(c, s): self._split_path(c, s, identities[c, s], tok_digest) for c, s in keys}
+        missing = [key for key in keys if not paths[key].exists()]
+        for c, s in missing:  # the small splits first: bad input fails before the long work
+            if (c, s) not in trains:
+                self._read(s, c)
+        for c, s in missing:
             build_split(
-                self._chunks(s),
-                self.src_tokenizer,
+                self._chunks(s, c),
+                self.src_tokenizer.with_prefix(self._prefix(c, s)),
                 self.tgt_tokenizer,
-                paths[s],
-                self.max_len if s == train else None,
-                f"{source.tag}/{s}",
+                paths[c, s],
+                self.max_len if (c, s) in trains else None,
+                f"{self.corpora[c].source.tag}/{s}",
             )
-        for s in splits:
-            if s not in missing:
-                log.info("%s/%s: token ids from cache %s", source.tag, s, paths[s])
-            self._splits[s] = TokenizedSplit.load(paths[s])
+        for c, s in keys:
+            if (c, s) not in missing:
+                log.info(
+                    "%s/%s: token ids from cache %s", self.corpora[c].source.tag, s, paths[c, s]
+                )
+            self._splits[c, s] = TokenizedSplit.load(paths[c, s])
+        parts = self._train_parts = [self._splits[key] for key in trains]
+        self._train = parts[0] if len(parts) == 1 else ConcatSplit(parts)
 
     def prepare_data(self) -> None:
         self._build()
@@ -250,17 +312,28 @@ class TranslationDataModule(L.LightningDataModule):
 
     # -- loading -----------------------------------------------------------------------------
 
-    def split(self, name: str) -> TokenizedSplit:
-        """The tokenized split for a stage alias (``train``/``val``/``test``) or a split name."""
-        return self._splits[self.split_names.get(name, name)]
+    def split(self, name: str, direction: str | None = None) -> TokenizedSplit | ConcatSplit:
+        """The tokenized split for a stage alias (``train``/``val``/``test``) or a split name;
+        ``train`` holds every corpus's training pairs, the others are ``direction``'s."""
+        if name == "train":
+            return self._train
+        return self._splits[self._corpus(direction), self.split_name(name, direction)]
 
     def check_fits(self, name: str, max_positions: int) -> None:
-        """Refuse a split (kept whole, unlike training's) that has a pair the model cannot take:
-        :meth:`TokenizedSplit.check_fits`."""
-        split = self.split_names.get(name, name)
-        self.split(name).check_fits(f"{self.source.tag}/{split}", max_positions)
+        """Refuse a split (kept whole, unlike training's) that has a pair the model cannot take,
+        in any direction: :meth:`TokenizedSplit.check_fits`."""
+        for direction in self.directions:
+            corpus = self.corpora[self._corpus(direction)]
+            split = corpus.splits.get(name, name)
+            where = f"{corpus.source.tag}/{split}"
+            self.split(name, direction).check_fits(where, max_positions)
 
-    def _sampler(self, data: TokenizedSplit, shuffle: bool) -> TokenBudgetBatchSampler:
+    def _sampler(
+        self,
+        data: TokenizedSplit | ConcatSplit,
+        shuffle: bool,
+        weights: list[tuple[int, float]] | None = None,
+    ) -> TokenBudgetBatchSampler:
         sizes = padded_sizes(data.src_lens, data.tgt_lens)
         return TokenBudgetBatchSampler(
             *sizes,
@@ -269,9 +342,12 @@ class TranslationDataModule(L.LightningDataModule):
             shuffle=shuffle,
             seed=self.seed,
             pad_to_multiple=self.pad_to_multiple,
+            weights=weights,
         )
 
-    def _loader(self, data: TokenizedSplit, sampler: TokenBudgetBatchSampler) -> DataLoader:
+    def _loader(
+        self, data: TokenizedSplit | ConcatSplit, sampler: TokenBudgetBatchSampler
+    ) -> DataLoader:
         # Each iterator draws its workers' seed from ``generator``: without one it would draw from
         # torch's global stream, which dropout uses, so a validation loader started after a
         # checkpoint saved that stream would shift a resumed run's dropout.
@@ -291,27 +367,40 @@ class TranslationDataModule(L.LightningDataModule):
         return self.trainer is not None and self.trainer.strategy.root_device.type == "cuda"
 
     def train_dataloader(self) -> DataLoader:
-        self._train_sampler = self._sampler(self.split("train"), shuffle=True)
+        weights = None  # each pair once an epoch, unless a corpus's weight says otherwise
+        if any(c.weight != 1 for c in self.corpora):
+            parts = zip(self._train_parts, self.corpora, strict=True)
+            weights = [(len(part), corpus.weight) for part, corpus in parts]
+        self._train_sampler = self._sampler(self.split("train"), shuffle=True, weights=weights)
         if self._sampler_state is not None:
             self._train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
         return self._loader(self.split("train"), self._train_sampler)
 
-    def val_dataloader(self) -> DataLoader:
-        return self._loader(self.split("val"), self._sampler(self.split("val"), shuffle=False))
+    def _eval_loaders(self, name: str) -> DataLoader | list[DataLoader]:
+        """One loader per direction (one direction: the loader itself), in :attr:`directions`'
+        order."""
+        splits = [self.split(name, d) for d in self.directions]
+        loaders = [self._loader(x, self._sampler(x, shuffle=False)) for x in splits]
+        return loaders[0] if len(loaders) == 1 else loaders
 
-    def test_dataloader(self) -> DataLoader:
-        return self._loader(self.split("test"), self._sampler(self.split("test"), shuffle=False))
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        return self._eval_loaders("val")
+
+    def test_dataloader(self) -> DataLoader | list[DataLoader]:
+        return self._eval_loaders("test")
 
     # -- texts for BLEU and translation ------------------------------------------------------
 
-    def references(self, split: str) -> list[str]:
-        """Target-side texts of a split, in corpus order (index = ``Batch.ids``)."""
-        return self._read(self.split_names.get(split, split)).tgt
+    def references(self, split: str, direction: str | None = None) -> list[str]:
+        """Target-side texts of a split of ``direction``, in corpus order (index =
+        ``Batch.ids``)."""
+        return self._read(self.split_name(split, direction), self._corpus(direction)).tgt
 
-    def sources(self, split: str) -> list[str]:
-        """Source-side texts of a split, in corpus order (index = ``Batch.ids``)."""
-        return self._read(self.split_names.get(split, split)).src
+    def sources(self, split: str, direction: str | None = None) -> list[str]:
+        """Source-side texts of a split of ``direction``, in corpus order (index = ``Batch.ids``),
+        as the files have them (without :meth:`source_prefix`)."""
+        return self._read(self.split_name(split, direction), self._corpus(direction)).src
 
     # -- checkpointing -----------------------------------------------------------------------
 

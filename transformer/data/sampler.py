@@ -1,8 +1,9 @@
 """Length-bucketed batch sampler with a token budget, per-epoch reshuffling, DDP sharding and an
 exact mid-epoch resume.
 
-Each epoch, with a generator seeded by ``(seed, epoch)``: the examples are put in random order and
-then stably sorted by their padded size, so that batches hold sentences of nearly equal length
+Each epoch, with a generator seeded by ``(seed, epoch)``: the examples (with ``weights``, each
+group's copies) are put in random order and then stably sorted by their padded size, so that
+batches hold sentences of nearly equal length
 (bucketing by length, with random ties); the sorted list is cut greedily into batches that fit the
 budget; the batch order is shuffled. Evaluation (``shuffle=False``) keeps the sorted order, and
 every pass over it is whole: a pass left unfinished (Lightning's sanity check stops after a few
@@ -37,6 +38,10 @@ class TokenBudgetBatchSampler:
         batch_size: sentences per batch when ``max_tokens`` is None.
         num_replicas, rank: DDP world size and rank; read from ``torch.distributed`` when it is
             initialised and these are None, else a single process.
+        weights: ``(count, copies)`` of consecutive groups of examples (several corpora), covering
+            them all: each epoch takes every example of a group ``int(copies)`` times and a random
+            ``round(count * (copies % 1))`` of them once more, as many of each size every epoch.
+            None: each example once.
     """
 
     def __init__(
@@ -50,10 +55,15 @@ class TokenBudgetBatchSampler:
         pad_to_multiple: int = 1,
         num_replicas: int | None = None,
         rank: int | None = None,
+        weights: Sequence[tuple[int, float]] | None = None,
     ) -> None:
         src_sizes, tgt_sizes = np.asarray(src_sizes), np.asarray(tgt_sizes)
         if src_sizes.shape != tgt_sizes.shape:
             raise ValueError(f"{len(src_sizes)} source sizes but {len(tgt_sizes)} target sizes")
+        if weights is not None and sum(count for count, _ in weights) != len(src_sizes):
+            raise ValueError(
+                f"weights cover {sum(c for c, _ in weights)} of {len(src_sizes)} examples"
+            )
         if max_tokens is None and (batch_size is None or batch_size < 1):
             raise ValueError("give max_tokens (token budget) or a positive batch_size")
         if num_replicas is None:
@@ -66,6 +76,7 @@ class TokenBudgetBatchSampler:
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.seed, self.pad_to_multiple = shuffle, seed, pad_to_multiple
         self.num_replicas, self.rank = num_replicas, rank
+        self.weights = weights
         self.epoch, self.position = 0, 0
         if max_tokens is not None and len(self.sizes):
             biggest = int(np.argmax(self.sizes))
@@ -116,12 +127,40 @@ class TokenBudgetBatchSampler:
 
     def _batches(self, epoch: int) -> list[list[int]]:
         rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(len(self.sizes)) if self.shuffle else np.arange(len(self.sizes))
+        examples = self._examples(rng)
+        order = examples[rng.permutation(len(examples))] if self.shuffle else examples
         order = order[np.argsort(self.sizes[order], kind="stable")]
         batches = self._pack(order)
         if self.shuffle:
             batches = [batches[i] for i in rng.permutation(len(batches))]
         return self._equalise(batches)
+
+    def _examples(self, rng: np.random.Generator) -> np.ndarray:
+        """The epoch's example indices: each once, or as ``weights`` say."""
+        if self.weights is None:
+            return np.arange(len(self.sizes))
+        parts, start = [], 0
+        for count, copies in self.weights:
+            group = np.arange(start, start + count)
+            parts += [group] * int(copies)
+            if copies % 1:
+                parts.append(self._share(group, copies % 1, rng))
+            start += count
+        return np.concatenate(parts)
+
+    def _share(self, group: np.ndarray, share: float, rng: np.random.Generator) -> np.ndarray:
+        """A random ``share`` of ``group``, drawn anew each epoch but with the same number of
+        examples of each size: every epoch then packs into as many batches as the first, which
+        Lightning takes for all of them (a longer epoch would lose its last batches)."""
+        sizes = self.sizes[group]
+        values, counts = np.unique(sizes, return_counts=True)
+        want = counts * share
+        take = np.floor(want).astype(int)
+        extra = round(want.sum()) - int(take.sum())  # to the sizes with the largest remainders
+        take[np.argsort(take - want, kind="stable")[:extra]] += 1
+        pairs = zip(values, take, strict=True)
+        drawn = [rng.choice(group[sizes == v], k, replace=False) for v, k in pairs]
+        return np.concatenate(drawn)
 
     def _pack(self, order: np.ndarray) -> list[list[int]]:
         if self.max_tokens is None:

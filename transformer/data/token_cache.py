@@ -168,3 +168,22 @@ class TokenizedSplit(Dataset):
 
     def __getitem__(self, i: int) -> Example:
         return int(self.ids[i]), self._src[i], self._tgt[i]
+
+
+class ConcatSplit(Dataset):
+    """Several tokenized splits as one (training on several corpora): ``parts[0]``'s examples,
+    then ``parts[1]``'s, ...; ``ids`` are each part's own sentence ids."""
+
+    def __init__(self, parts: list[TokenizedSplit]) -> None:
+        self.parts = parts
+        self.ids = np.concatenate([p.ids for p in parts])
+        self.src_lens = np.concatenate([p.src_lens for p in parts])
+        self.tgt_lens = np.concatenate([p.tgt_lens for p in parts])
+        self._starts = np.cumsum([0, *(len(p) for p in parts)])
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> Example:
+        k = int(np.searchsorted(self._starts, i, side="right")) - 1
+        return self.parts[k][i - int(self._starts[k])]

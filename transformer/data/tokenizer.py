@@ -6,6 +6,7 @@ embedding and zeroes the padding row from them, so every tokenizer is trained wi
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 from collections.abc import Iterable, Sequence
@@ -46,6 +47,7 @@ class Tokenizer:
         """Load ``model_path``, or, given ``model_proto`` (the model's bytes, as a checkpoint
         carries them), build from those; ``model_path`` then only names it."""
         self.model_path = Path(model_path)
+        self.prefix: tuple[int, ...] = ()  # ids put before every non-empty encoding
         if model_proto is not None:
             self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
         elif not self.model_path.is_file():
@@ -76,12 +78,31 @@ class Tokenizer:
         """The serialized model: ``Tokenizer(name, model_proto=...)`` rebuilds it anywhere."""
         return self._sp.serialized_model_proto()
 
+    def with_prefix(self, pieces: Sequence[str]) -> Tokenizer:
+        """This tokenizer, but each non-empty encoding starts with ``pieces`` (a multilingual
+        model's target token, a corpus's tag), which must be pieces of the model."""
+        ids = tuple(self._sp.piece_to_id(p) for p in pieces)
+        unknown = [p for p, i in zip(pieces, ids, strict=True) if i == UNK_ID]
+        if unknown:
+            raise DataError(
+                f"{self.model_path} has no piece {unknown[0]}: this SentencePiece model was "
+                "trained without it (before data.target_token or the corpus's tag was set); "
+                "train a new model with them, or leave them out"
+            )
+        prefixed = copy.copy(self)
+        prefixed.prefix = ids
+        return prefixed
+
     def encode(self, text: str) -> list[int]:
-        return self._sp.encode(text, out_type=int)
+        ids = self._sp.encode(text, out_type=int)
+        return [*self.prefix, *ids] if ids and self.prefix else ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Encode many texts at once (SentencePiece uses its own threads)."""
-        return self._sp.encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
+        encoded = self._sp.encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
+        if not self.prefix:
+            return encoded
+        return [[*self.prefix, *ids] if ids else ids for ids in encoded]
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text. Stops at the first eos, drops pad and bos; unk decodes as SentencePiece's
@@ -100,10 +121,15 @@ class Tokenizer:
         return [self._sp.id_to_piece(int(i)) for i in ids]
 
     def __getstate__(self) -> dict:
-        return {"model_path": self.model_path, "model_proto": self.to_bytes()}
+        return {
+            "model_path": self.model_path,
+            "model_proto": self.to_bytes(),
+            "prefix": self.prefix,
+        }
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model_path"], model_proto=state["model_proto"])
+        self.prefix = state["prefix"]
 
 
 class SentenceSample:
@@ -140,10 +166,12 @@ def train_tokenizer(
     vocab_size: int,
     model_type: str = "unigram",
     max_sentences: int = SPM_TRAIN_SENTENCES,
+    symbols: Iterable[str] = (),
 ) -> Tokenizer:
     """Train a SentencePiece model on ``texts`` (at most ``max_sentences`` of them, a random
     sample beyond: SentencePiece's time and memory grow with them) and write it to
-    ``model_path`` (a ``.model`` file).
+    ``model_path`` (a ``.model`` file). ``symbols`` (tags such as ``<bt>``, target tokens such
+    as ``<2de>``) become pieces of their own, never split.
 
     The file appears atomically (trained under a temporary prefix, then renamed), so an interrupted
     run never leaves a half-written model that a later run would reuse.
@@ -165,6 +193,7 @@ def train_tokenizer(
             eos_id=EOS_ID,
             character_coverage=1.0,
             input_sentence_size=max_sentences,
+            user_defined_symbols=list(symbols),
             shuffle_input_sentence=True,
             num_threads=os.cpu_count() or 1,
             minloglevel=2,

@@ -18,12 +18,13 @@ from transformer.errors import DataError
 class TokenizerFiles:
     spm_dir: Path
     corpus: str  # the source's tag
-    src_lang: str
+    src_lang: str  # the source language, or several joined by "-" (several corpora)
     tgt_lang: str
     vocab_size: int
     model_type: str
     joint: bool  # one model for both languages
     train_sentences: int  # SentencePiece samples at most this many sentences to train on
+    symbols: tuple[str, ...] = ()  # tags and target tokens, each kept one piece
 
     def __post_init__(self) -> None:
         if self.model_type not in MODEL_TYPES:
@@ -48,6 +49,7 @@ class TokenizerFiles:
         """Source and target model files trained on the split of this identity (one file twice
         for a joint vocabulary)."""
         settings = (train_identity, self.vocab_size, self.model_type, self.train_sentences)
+        settings += (self.symbols,) if self.symbols else ()
         kind = f"{self.model_type}{self.vocab_size}"
         names = [self._langs] if self.joint else [self.src_lang, self.tgt_lang]
         src, *tgt = (

@@ -1,0 +1,163 @@
+"""Several corpora in one run (data.corpora): weights, tags, target tokens, directions."""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.tiny import data_pairs, write_lines
+from transformer.data.datamodule import TranslationDataModule
+from transformer.data.sampler import TokenBudgetBatchSampler
+from transformer.errors import DataError
+
+VOCAB = 80  # the tiny corpora's words and the three special tokens
+
+
+def write(root: Path, tgt: str, splits: dict[str, int], seed: int) -> Path:
+    """``{split}.en`` and ``{split}.{tgt}``; "fr" is the German with its words reversed."""
+    root.mkdir(parents=True)
+    for k, (split, n) in enumerate(splits.items()):
+        en, de = data_pairs(n, seed + k)
+        if tgt == "fr":
+            de = [" ".join(reversed(x.split())) for x in de]
+        write_lines(root / f"{split}.en", en)
+        write_lines(root / f"{split}.{tgt}", de)
+    return root
+
+
+@pytest.fixture
+def corpora(tmp_path: Path) -> dict[str, Path]:
+    return {
+        "parallel": write(tmp_path / "parallel", "de", {"train": 120, "val": 20, "test": 10}, 0),
+        "bt": write(tmp_path / "bt", "de", {"train": 80}, 10),  # training pairs only
+        "fr": write(tmp_path / "fr", "fr", {"train": 100, "val": 16, "test": 10}, 20),
+    }
+
+
+def build(tmp_path: Path, entries: list[dict], **kwargs) -> TranslationDataModule:
+    dm = TranslationDataModule(
+        source="local", root=None, vocab_size=VOCAB, max_tokens=256, max_len=120, num_workers=0,
+        cache_dir=str(tmp_path / "cache"), corpora=entries, **kwargs,
+    )  # fmt: skip
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm
+
+
+def test_tags_and_target_tokens_are_one_piece_first_in_the_sources(tmp_path, corpora) -> None:
+    entries = [
+        {"root": str(corpora["parallel"])},
+        {"root": str(corpora["bt"]), "tag": "<bt>"},
+        {"root": str(corpora["fr"]), "tgt_lang": "fr"},
+    ]
+    dm = build(tmp_path, entries, target_token=True)
+    tok = dm.src_tokenizer
+    de, fr, bt = (tok._sp.piece_to_id(p) for p in ("<2de>", "<2fr>", "<bt>"))
+    assert len({de, fr, bt, 1}) == 4  # three pieces of their own (1: unk)
+    train = dm.split("train")
+    firsts = Counter(tuple(train[i][1][:2].tolist()) for i in range(len(train)))
+    plain = sum(n for (a, b), n in firsts.items() if a == de and b != bt)
+    assert (firsts[de, bt], plain, sum(n for (a, _), n in firsts.items() if a == fr)) == (
+        80, 120, 100,
+    )  # fmt: skip
+    for direction, token in (("en-de", de), ("en-fr", fr)):  # validation: target token, no tag
+        val = dm.split("val", direction)
+        assert {val[i][1][0] for i in range(len(val))} == {token}
+        assert all(bt not in val[i][1].tolist() for i in range(len(val)))
+    # The rest of a source is the line as the tokenizer encodes it alone.
+    line = dm.sources("val", "en-fr")[3]
+    assert dm.split("val", "en-fr")[3][1].tolist() == [fr, *tok.encode(line)]  # eos: collate's
+    assert tok.with_prefix(dm.source_prefix("en-fr")).encode(line) == [fr, *tok.encode(line)]
+
+
+def test_validation_and_references_per_direction(tmp_path, corpora) -> None:
+    entries = [
+        {"root": str(corpora["parallel"])},
+        {"root": str(corpora["bt"]), "weight": 0.5},  # en-de too: training only
+        {"root": str(corpora["fr"]), "tgt_lang": "fr"},
+    ]
+    dm = build(tmp_path, entries, target_token=True)
+    assert dm.directions == ["en-de", "en-fr"]
+    loaders = dm.val_dataloader()
+    assert [len(loader.dataset) for loader in loaders] == [20, 16]
+    fr_refs = (corpora["fr"] / "val.fr").read_text().splitlines()
+    assert dm.references("val", "en-fr") == fr_refs
+    assert dm.references("val") == (corpora["parallel"] / "val.de").read_text().splitlines()
+    assert dm.split_name("test", "en-fr") == "test"
+    with pytest.raises(DataError, match=r"no corpus translates en-cs; the directions are \["):
+        dm.references("val", "en-cs")
+
+
+def test_an_epoch_takes_each_corpus_by_its_weight(tmp_path, corpora) -> None:
+    entries = [
+        {"root": str(corpora["parallel"]), "weight": 2},
+        {"root": str(corpora["bt"]), "weight": 0.25},
+    ]
+    dm = build(tmp_path, entries)
+    train = dm.split("train")
+    sampler = dm.train_dataloader().batch_sampler
+    halves = []
+    for epoch in range(3):
+        sampler.set_epoch(epoch)
+        seen = Counter(i for batch in sampler for i in batch)
+        assert all(seen[i] == 2 for i in range(120))  # the parallel corpus twice
+        bt = {i for i in seen if i >= 120}
+        assert len(bt) == 20 and all(seen[i] == 1 for i in bt)  # a quarter of the 80, once
+        halves.append(bt)
+    assert halves[0] != halves[1]  # drawn again each epoch
+    assert len(train) == 200
+
+
+def test_unweighted_epochs_are_what_they_were() -> None:
+    """``weights`` of one copy each draw the same epochs as no weights (the same generator
+    draws); a fraction draws more."""
+    sizes = np.random.default_rng(0).integers(3, 30, 50)
+    plain = list(TokenBudgetBatchSampler(sizes, sizes, max_tokens=60, seed=3))
+    ones = TokenBudgetBatchSampler(sizes, sizes, max_tokens=60, seed=3, weights=[(20, 1), (30, 1)])
+    assert list(ones) == plain
+    more = TokenBudgetBatchSampler(sizes, sizes, max_tokens=60, seed=3, weights=[(50, 1.5)])
+    assert sum(len(b) for b in more) == 75
+    with pytest.raises(ValueError, match="weights cover 40 of 50 examples"):
+        TokenBudgetBatchSampler(sizes, sizes, max_tokens=60, weights=[(40, 1.0)])
+
+
+def test_a_share_of_a_corpus_packs_into_as_many_batches_every_epoch() -> None:
+    """Lightning sizes every epoch by the first: a random share drawn each epoch must pack into
+    the same number of batches (the same sizes, other sentences), or batches would be lost."""
+    sizes = np.random.default_rng(1).integers(2, 40, 300)
+    sampler = TokenBudgetBatchSampler(sizes, sizes, max_tokens=80, weights=[(100, 1), (200, 0.3)])
+    counts, drawn = set(), []
+    for epoch in range(8):
+        sampler.set_epoch(epoch)
+        batches = list(sampler)
+        counts.add(len(batches))
+        share = sorted(i for b in batches for i in b if i >= 100)
+        assert len(share) == 60 and len(set(share)) == 60
+        drawn.append(tuple(share))
+    assert len(counts) == 1 and len(set(drawn)) == 8
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"wieght": 2}, r"data.corpora\[0\]: unknown key\(s\) \['wieght'\]"),
+        ({"weight": 0}, r"data.corpora\[0\].weight must be a positive number, got 0"),
+        ({"tag": "bt"}, r"data.corpora\[0\].tag must be one token in angle brackets"),
+        ({"tag": "<b t>"}, r"data.corpora\[0\].tag must be one token in angle brackets"),
+        ({"source": "local", "root": None}, r"data.corpora\[0\].root is needed for source=local"),
+    ],
+)
+def test_bad_entries_are_refused_by_name(tmp_path, corpora, entry, message) -> None:
+    with pytest.raises(DataError, match=message):
+        TranslationDataModule(source="local", root=str(corpora["parallel"]), corpora=[entry])
+    with pytest.raises(DataError, match="data.corpora is an empty list"):
+        TranslationDataModule(source="local", root=str(corpora["parallel"]), corpora=[])
+
+
+def test_a_tokenizer_trained_without_the_token_is_refused_by_name(tmp_path, corpora) -> None:
+    dm = build(tmp_path, [{"root": str(corpora["parallel"])}])  # no tag, no target tokens
+    with pytest.raises(DataError, match="has no piece <2de>: this SentencePiece model was trained"):
+        dm.src_tokenizer.with_prefix(("<2de>",))

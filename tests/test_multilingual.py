@@ -1,0 +1,75 @@
+"""One model, two target languages (data.corpora + data.target_token): it must learn to translate
+into the language its target token asks for, validate each direction, and evaluate each."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+from tests.tiny import CONFIGS, compose_cfg, sentence_pairs, tiny_overrides, write_lines
+from transformer.evaluation import evaluate
+from transformer.metrics import score_translations
+from transformer.training import train
+
+SPLITS = {"train": 400, "val": 32, "test": 32}
+
+
+def write(root: Path, tgt: str, reverse: bool) -> Path:
+    """``{split}.en`` and ``{split}.{tgt}``: the tiny German, its words reversed if ``reverse``
+    (a second "language" of the same English sentences, that only the target token tells
+    apart)."""
+    root.mkdir(parents=True)
+    for seed, (split, n) in enumerate(SPLITS.items()):
+        en, de = sentence_pairs(n, seed, max_words=6)
+        if reverse:
+            de = [" ".join(reversed(x.split())) for x in de]
+        write_lines(root / f"{split}.en", en)
+        write_lines(root / f"{split}.{tgt}", de)
+    return root
+
+
+def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path) -> None:
+    de, xx = write(tmp_path / "de", "de", False), write(tmp_path / "xx", "xx", True)
+    overrides = [
+        *tiny_overrides(de),
+        f"data.corpora=[{{root:'{de}'}},{{root:'{xx}',tgt_lang:xx}}]",
+        "data.target_token=true",
+        "data.vocab_size=72",
+        "trainer.max_steps=400",
+        "trainer.val_check_interval=400",
+        "trainer.check_val_every_n_epoch=null",
+        "validation.bleu_sentences=null",
+        "model.d_model=96",
+        "model.d_ff=192",
+        "model.dropout=0",
+        "optim.optimizer.lr=5e-3",
+    ]
+    out = tmp_path / "run"
+    metrics = train(compose_cfg(overrides, out))
+    per_direction = [metrics["val/bleu/en-de"], metrics["val/bleu/en-xx"]]
+    assert abs(metrics["val/bleu"] - sum(per_direction) / 2) < 1e-4
+
+    ckpt = out / "checkpoints" / "last.ckpt"
+    hyps, refs = {}, {}
+    for direction, corpus in (("en-de", de), ("en-xx", xx)):
+        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+            cfg = compose(
+                "evaluate",
+                overrides=[
+                    f"paths.output_dir={tmp_path / direction}", f"ckpt_path={ckpt}",
+                    "split=test", f"direction={direction}",
+                ],
+            )  # fmt: skip
+        result = evaluate(cfg)
+        assert result["direction"] == direction
+        hyps[direction] = (tmp_path / direction / "hypotheses.txt").read_text().splitlines()
+        refs[direction] = (corpus / f"test.{direction[3:]}").read_text().splitlines()
+        assert json.loads((tmp_path / direction / "metrics.json").read_text())["bleu"] > 0
+    # The same English, two languages: each direction's output is far closer to its own
+    # references than the other direction's output is.
+    for own, other in (("en-de", "en-xx"), ("en-xx", "en-de")):
+        own_bleu = score_translations(hyps[own], refs[own]).bleu
+        other_bleu = score_translations(hyps[other], refs[own]).bleu
+        assert own_bleu > other_bleu + 8, (own, own_bleu, other_bleu)  # 25 against 11 here
