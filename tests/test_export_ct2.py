@@ -422,3 +422,12 @@ def test_evaluate_engine_ctranslate2_refuses_what_it_cannot_do(trained, exported
         evaluate_with([f"ckpt_path={tmp_path}", "engine=ctranslate2"], tmp_path)
     with pytest.raises(ConfigError, match="engine=onnx: choose torch or ctranslate2"):
         evaluate_with([f"ckpt_path={trained[0][-1]}", "engine=onnx"], tmp_path)
+
+
+def test_a_multilingual_models_readme_names_its_target_tokens() -> None:
+    data = {"tgt_lang": "de", "target_token": True, "corpora": [{}, {"tgt_lang": "fr"}]}
+    assert export.target_tokens(data) == ["<2de>", "<2fr>"]
+    readme = export.usage(256, DecodeOptions(), ["<2de>", "<2fr>"])
+    assert "put one of <2de>, <2fr> before each source" in readme
+    assert export.target_tokens({"tgt_lang": "de"}) == []
+    assert "several languages" not in export.usage(256, DecodeOptions())

@@ -35,6 +35,7 @@ from transformer.checkpoints import (
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
+from transformer.data.corpora import target_token
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
@@ -203,7 +204,8 @@ def export_ct2(
             "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         }
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        (tmp / "README.md").write_text(usage(model.cfg.max_positions, DecodeOptions()))
+        targets = target_tokens(info["data"])
+        (tmp / "README.md").write_text(usage(model.cfg.max_positions, DecodeOptions(), targets))
         if out_dir.exists():
             shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
         os.replace(tmp, out_dir)
@@ -212,10 +214,26 @@ def export_ct2(
     return out_dir
 
 
-def usage(max_positions: int, options: DecodeOptions) -> str:
+def target_tokens(data: dict) -> list[str]:
+    """The target tokens of a model trained with ``data.target_token`` (none otherwise)."""
+    if not data.get("target_token"):
+        return []
+    entries = data.get("corpora") or [{}]
+    return sorted({target_token(e.get("tgt_lang") or data["tgt_lang"]) for e in entries})
+
+
+def usage(max_positions: int, options: DecodeOptions, targets: list[str] = ()) -> str:
     """The exported directory's README: translating with ``ctranslate2`` and ``sentencepiece``
-    alone, with the options that reproduce ``evaluate.py``'s beam search."""
+    alone, with the options that reproduce ``evaluate.py``'s beam search; ``targets``: a
+    multilingual model's target tokens, one of which goes before each source."""
     a, b, lp = options.max_len_a, options.max_len_b, options.len_penalty
+    multilingual = (
+        f"\nThis model translates into several languages: put one of {', '.join(targets)} "
+        "before each source's pieces, `[token, *src_sp.encode(line, out_type=str)]`, as "
+        "`evaluate.py direction=...` does.\n"
+        if targets
+        else ""
+    )
     return f"""# A transformer-nmt model for CTranslate2
 
 Written by `python -m transformer.export ct2`; `{INFO_FILE}` names the checkpoints and records
@@ -261,4 +279,4 @@ or, rarely, where scores tie closely: CTranslate2 removes `<pad>` and `<s>` befo
 `evaluate.py` after it.
 `python evaluate.py engine=ctranslate2 ckpt_path=MODEL_DIR` scores this directory on the test
 split, with the same metrics as a checkpoint.
-"""
+{multilingual}"""
