@@ -322,11 +322,7 @@ class TranslationModule(L.LightningModule):
                 hyps = {k: v for part in parts for k, v in part.items()}
             if not hyps:
                 continue
-            refs = (
-                datamodule.references("val", direction)
-                if direction
-                else datamodule.references("val")
-            )
+            refs = datamodule.references("val", direction)
             ids = sorted(hyps)
             scores = score_translations([hyps[i] for i in ids], [refs[i] for i in ids])
             # One direction: val/bleu; several: val/bleu/en-de ..., and val/bleu their mean
