@@ -425,7 +425,10 @@ def test_evaluate_engine_ctranslate2_refuses_what_it_cannot_do(trained, exported
 
 
 def test_a_multilingual_models_readme_names_its_target_tokens() -> None:
-    data = {"tgt_lang": "de", "target_token": True, "corpora": [{}, {"tgt_lang": "fr"}]}
+    data = {  # as a checkpoint records the data settings
+        "source": "multi30k", "root": "data/multi30k", "src_lang": "en", "tgt_lang": "de",
+        "target_token": True, "corpora": [{}, {"tgt_lang": "fr"}],
+    }  # fmt: skip
     assert export.target_tokens(data) == ["<2de>", "<2fr>"]
     readme = export.usage(256, DecodeOptions(), ["<2de>", "<2fr>"])
     assert "put one of <2de>, <2fr> before each source" in readme

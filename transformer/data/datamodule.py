@@ -323,9 +323,8 @@ class TranslationDataModule(L.LightningDataModule):
         """Refuse a split (kept whole, unlike training's) that has a pair the model cannot take,
         in any direction: :meth:`TokenizedSplit.check_fits`."""
         for direction in self.directions:
-            corpus = self.corpora[self._corpus(direction)]
-            split = corpus.splits.get(name, name)
-            where = f"{corpus.source.tag}/{split}"
+            tag = self.corpora[self._corpus(direction)].source.tag
+            where = f"{tag}/{self.split_name(name, direction)}"
             self.split(name, direction).check_fits(where, max_positions)
 
     def _sampler(

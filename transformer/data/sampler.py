@@ -3,11 +3,10 @@ exact mid-epoch resume.
 
 Each epoch, with a generator seeded by ``(seed, epoch)``: the examples (with ``weights``, each
 group's copies) are put in random order and then stably sorted by their padded size, so that
-batches hold sentences of nearly equal length
-(bucketing by length, with random ties); the sorted list is cut greedily into batches that fit the
-budget; the batch order is shuffled. Evaluation (``shuffle=False``) keeps the sorted order, and
-every pass over it is whole: a pass left unfinished (Lightning's sanity check stops after a few
-batches) does not shorten the next.
+batches hold sentences of nearly equal length (bucketing by length, with random ties); the sorted
+list is cut greedily into batches that fit the budget; the batch order is shuffled. Evaluation
+(``shuffle=False``) keeps the sorted order, and every pass over it is whole: a pass left
+unfinished (Lightning's sanity check stops after a few batches) does not shorten the next.
 
 DDP: all ranks build the same batch list, and rank ``r`` of ``R`` takes batches ``r, r + R, ...``.
 To give every rank the same number of steps without dropping or repeating examples, the list is
@@ -60,10 +59,9 @@ class TokenBudgetBatchSampler:
         src_sizes, tgt_sizes = np.asarray(src_sizes), np.asarray(tgt_sizes)
         if src_sizes.shape != tgt_sizes.shape:
             raise ValueError(f"{len(src_sizes)} source sizes but {len(tgt_sizes)} target sizes")
-        if weights is not None and sum(count for count, _ in weights) != len(src_sizes):
-            raise ValueError(
-                f"weights cover {sum(c for c, _ in weights)} of {len(src_sizes)} examples"
-            )
+        covered = len(src_sizes) if weights is None else sum(count for count, _ in weights)
+        if covered != len(src_sizes):
+            raise ValueError(f"weights cover {covered} of {len(src_sizes)} examples")
         if max_tokens is None and (batch_size is None or batch_size < 1):
             raise ValueError("give max_tokens (token budget) or a positive batch_size")
         if num_replicas is None:

@@ -35,7 +35,7 @@ from transformer.checkpoints import (
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
-from transformer.data.corpora import target_token
+from transformer.data.corpora import make_corpora, prefix_tokens
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
@@ -215,11 +215,12 @@ def export_ct2(
 
 
 def target_tokens(data: dict) -> list[str]:
-    """The target tokens of a model trained with ``data.target_token`` (none otherwise)."""
+    """The target tokens of a model trained with ``data.target_token`` (none otherwise): those
+    its corpora put before their sources."""
     if not data.get("target_token"):
         return []
-    entries = data.get("corpora") or [{}]
-    return sorted({target_token(e.get("tgt_lang") or data["tgt_lang"]) for e in entries})
+    corpora = make_corpora(data.get("corpora"), data)
+    return sorted({t for c in corpora for t in prefix_tokens(c, True, training=False)})
 
 
 def usage(max_positions: int, options: DecodeOptions, targets: list[str] = ()) -> str:
