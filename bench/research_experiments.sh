@@ -46,8 +46,8 @@ fit() {
         ${EXTRA:-}  # e.g. EXTRA="model=tiny data.vocab_size=64": a quick dry run
 }
 
-# score NAME SPLITS SUFFIX OPTION...: beam 5 on each split, of last.ckpt (evallast_SPLIT) and
-# of the last 10 epochs' average (eval_SPLIT); a linear decay ends cool: read last.ckpt
+# score NAME SPLITS SUFFIX OPTION...: beam 5 on each split, of last.ckpt (evallast_SPLIT): a
+# linear decay ends cool, and averaging its epochs costs BLEU (README, distillation)
 score() {
     local run=$out/$1 splits=$2 suffix=$3
     shift 3
@@ -55,10 +55,6 @@ score() {
         [ -f "$run/evallast_$split$suffix/metrics.json" ] ||
             $python evaluate.py "ckpt_path=$run/checkpoints/last.ckpt" "split=$split" \
                 "hydra.run.dir=$run/evallast_$split$suffix" "$@"
-        compgen -G "$run/checkpoints/epochs/*.ckpt" > /dev/null || continue  # < 1 epoch
-        [ -f "$run/eval_$split$suffix/metrics.json" ] ||
-            $python evaluate.py "ckpt_path='$run/checkpoints/epochs/*.ckpt'" "split=$split" \
-                "hydra.run.dir=$run/eval_$split$suffix" "$@"
     done
 }
 
