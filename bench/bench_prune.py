@@ -61,9 +61,9 @@ def main() -> None:
     if args.data_root:
         settings["root"] = args.data_root
     data = TranslationDataModule(**settings)
-    split = data.split_name(args.test_split)
-    sources = data.sources(split)[: args.test_sentences]
-    references = data.references(split)[: args.test_sentences]
+    split = data.split_name(args.test_split)  # the name, for the report
+    sources = data.sources(args.test_split)[: args.test_sentences]
+    references = data.references(args.test_split)[: args.test_sentences]
     full = model_from_checkpoint(ckpt).eval()
     options = DecodeOptions(strategy="greedy" if args.beam == 1 else "beam", beam_size=args.beam)
     total = len(scores)

@@ -72,6 +72,20 @@ def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) ->
     assert written["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # device=auto
 
 
+def test_a_split_alias_is_resolved_once(trained, tmp_path) -> None:
+    """split=test names the file split data.test_split says, even when that is another
+    alias's name: the swapped names translate and score the val files."""
+    ckpt, corpus = trained
+    swapped = ["data.test_split=val", "data.val_split=test"]
+    metrics = evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=test", *swapped], tmp_path))
+    hyps, refs = lines(tmp_path / "hypotheses.txt"), lines(corpus / "val.de")
+    assert metrics["split"] == "val"
+    assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
+    unswapped = evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=val"], tmp_path / "val"))
+    assert lines(tmp_path / "val" / "hypotheses.txt") == hyps
+    assert unswapped["bleu"] == pytest.approx(metrics["bleu"])
+
+
 def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     ckpt, corpus = trained
     evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode=greedy"], tmp_path / "split"))

@@ -331,9 +331,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         return {**result, "decode": decode_settings, "checkpoints": paths}
 
     datamodule = _datamodule(ckpt, cfg.data, paths[0])
-    split = datamodule.split_name(cfg.split, cfg.direction)
-    sources = datamodule.sources(split, cfg.direction)
-    references = datamodule.references(split, cfg.direction)
+    split = datamodule.split_name(cfg.split, cfg.direction)  # the name, for metrics.json
+    sources = datamodule.sources(cfg.split, cfg.direction)
+    references = datamodule.references(cfg.split, cfg.direction)
     if analysis is not None:
         return run_analysis(
             analysis, translator, sources, references, cfg.analysis_options, out_dir

@@ -255,7 +255,6 @@ def checkpoint_scores(
         datamodule = TranslationDataModule(**settings)
     except ValueError as err:
         raise ConfigError(f"{path}: its data settings are unusable here: {err}") from err
-    split = datamodule.split_name(split)
     sources, references = datamodule.sources(split), datamodule.references(split)
     translator = Translator(
         model_from_checkpoint(ckpt, path), *tokenizers_from_checkpoint(ckpt, path)
