@@ -69,6 +69,22 @@ def test_fused_null_means_fused_on_cuda_only():
         assert build_optimizer(model.cuda(), adamw, 0.1).defaults["fused"]
 
 
+def test_fsdp_fp16_never_gets_fused_adamw():
+    """FSDP's ShardedGradScaler hands the optimizer a found_inf of shape (1,), which torch's fused
+    Adam kernels cannot take: ``fused=null`` means foreach there, and ``fused=true`` is refused."""
+    model = tiny_model(20, dropout=0.0)
+    adamw = partial(torch.optim.AdamW, lr=1e-3, fused=None)
+    if torch.cuda.is_available():
+        model = model.cuda()
+    assert not build_optimizer(model, adamw, 0.0, sharded_fp16=True).defaults["fused"]
+    with pytest.raises(ValueError, match="optim.optimizer.fused=true .*precision=16-mixed"):
+        build_optimizer(model, partial(adamw, fused=True), 0.0, sharded_fp16=True)
+    # what goes wrong otherwise, on any device: the kernels' step-count correction
+    steps, found_inf = [torch.tensor(1.0)], torch.full((1,), 0.0)
+    with pytest.raises(RuntimeError, match="broadcast shape"):
+        torch._foreach_sub_(steps, [found_inf])
+
+
 # Each budgeted schedule over 20 updates, warmup 4, min_lr_ratio 0.1, WSD's cooldown 0.2: the
 # factor of update n (from 1), worked out by hand from progress p = n / 20 and the decay d(p):
 # min(n / 4, 0.1 + 0.9 d(p)).

@@ -514,7 +514,9 @@ def test_resume_elsewhere_uses_the_checkpoints_tokenizers(corpus, tmp_path, monk
 
 def _script_env(tmp_path: Path) -> dict[str, str]:
     env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO)
+    # the checkout first, then what the caller's path holds (where packages live outside
+    # site-packages, as the GPU check installs them)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
     env["HOME"] = str(tmp_path / "home")  # no ~/.netrc: no wandb key
     env.pop("WANDB_API_KEY", None)
     return env
@@ -545,8 +547,7 @@ def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
 def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
     """Each rank trains on its own batches; validation (beam search here) decodes each rank's
     shard and scores the gathered whole."""
-    env = _script_env(tmp_path)
-    env["PYTHONPATH"] = str(REPO)  # tests.fault_kit.BatchIdRecorder
+    env = _script_env(tmp_path)  # with the checkout on the path: tests.fault_kit.BatchIdRecorder
     ids_dir = tmp_path / "ids"
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus),

@@ -14,6 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer.checkpoints import read_training_state, set_rng_states, write_training_state
@@ -264,7 +265,11 @@ class TranslationModule(L.LightningModule):
         if self.optimizer_factory is None:
             raise ValueError("TranslationModule needs an optimizer to train")
         wd = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
-        optimizer = build_optimizer(self.model, self.optimizer_factory, wd)
+        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
+        optimizer = build_optimizer(
+            self.model, self.optimizer_factory, wd,
+            sharded_fp16=isinstance(scaler, ShardedGradScaler),
+        )  # fmt: skip
         if self.scheduler_factory is None:
             return optimizer
         if takes_progress(self.scheduler_factory):  # a budgeted schedule: ends with training

@@ -39,20 +39,37 @@ def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
 
 
 def build_optimizer(
-    model: nn.Module, optimizer: Callable[..., Optimizer], weight_decay: float
+    model: nn.Module,
+    optimizer: Callable[..., Optimizer],
+    weight_decay: float,
+    *,
+    sharded_fp16: bool = False,
 ) -> Optimizer:
     """``optimizer`` is a partial (from Hydra's ``_partial_: true``) taking parameter groups.
 
     ``fused=None`` (the config's ``null``, or no ``fused`` at all) means the fused kernel when
     the parameters live on a CUDA GPU, torch's default (foreach) elsewhere; ``True`` or ``False``
     is passed on as it is.
+
+    ``sharded_fp16``: the run scales fp16 losses with FSDP's ``ShardedGradScaler``. Its
+    ``found_inf`` has shape (1,), which torch's fused Adam kernels cannot subtract from their
+    scalar step counts ("output with shape [] doesn't match the broadcast shape [1]", measured
+    on an H200 with torch 2.11). Here ``fused=None`` means foreach, and ``fused=True`` is refused.
     """
     kwargs: dict[str, Any] = {}
     target = getattr(optimizer, "func", optimizer)
-    unset = getattr(optimizer, "keywords", {}).get("fused") is None
+    fused = getattr(optimizer, "keywords", {}).get("fused")
+    if fused and sharded_fp16:
+        raise ValueError(
+            "optim.optimizer.fused=true does not work with trainer=fsdp and "
+            "trainer.precision=16-mixed: torch's fused AdamW cannot take the flag of FSDP's "
+            "ShardedGradScaler. Set optim.optimizer.fused=null (foreach there), or use "
+            "trainer.precision=bf16-mixed, which needs no scaler."
+        )
     on_cuda = all(p.is_cuda for p in model.parameters())
-    if unset and on_cuda and "fused" in inspect.signature(target).parameters:
-        kwargs["fused"] = True
+    if fused is None and on_cuda and not sharded_fp16:
+        if "fused" in inspect.signature(target).parameters:
+            kwargs["fused"] = True
     return optimizer(param_groups(model, weight_decay), **kwargs)
 
 
