@@ -123,8 +123,19 @@ def test_pieces_name_the_axes(tokenizers) -> None:
 
 def test_head_grid_figure_holds_one_panel_per_head() -> None:
     fig = plots.head_grid(torch.rand(6, 3, 5).softmax(-1), list("abc"), list("vwxyz"), "title")
-    titles = [ax.get_title() for ax in fig.axes if ax.get_title()]
-    assert titles == [f"head {h}" for h in range(6)]
+    heads = [ax for ax in fig.axes if ax.get_title()]
+    assert [ax.get_title() for ax in heads] == [f"head {h}" for h in range(6)]
+    fig.canvas.draw()
+
+    def shown(labels) -> list[str]:
+        return [t.get_text() for t in labels if t.get_visible() and t.get_text()]
+
+    # 4 columns: heads 0-3, then 4-5 beside two empty panels. The key pieces under the lowest
+    # head of each column, the query pieces left of the first column, nowhere else.
+    keys = [shown(ax.get_xticklabels()) for ax in heads]
+    assert keys == [[], [], list("vwxyz"), list("vwxyz"), list("vwxyz"), list("vwxyz")]
+    queries = [shown(ax.get_yticklabels()) for ax in heads]
+    assert queries == [list("abc"), [], [], [], list("abc"), []]
 
 
 def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_path) -> None:

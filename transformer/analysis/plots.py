@@ -22,16 +22,38 @@ def _figure(width: float, height: float) -> Figure:
     return fig
 
 
+def _label_inch(labels: list[str], size: float = TICK_FONT) -> float:
+    """About the printed width of the longest label at font ``size`` (0.6 em a character)."""
+    return max((len(label) for label in labels), default=0) * 0.6 * size / 72
+
+
 def head_grid(
     weights: Tensor, query_pieces: list[str], key_pieces: list[str], title: str, max_cols: int = 4
 ) -> Figure:
-    """weights (H, Tq, Tk) of one layer -> a grid of heads, pieces on the axes."""
+    """weights (H, Tq, Tk) of one layer -> a grid of heads on shared axes: the key pieces under
+    the bottom row, the query pieces left of the first column.
+
+    Laid out by hand, in inches, from the pieces' lengths: matplotlib's automatic layout and
+    tick labels on every panel took most of a map's rendering time, which runs on the CPU at
+    every map validation, a GPU waiting (BENCHMARKS.md, "GPU: first measurements on an H200").
+    """
     num_heads, tq, tk = weights.shape
     cols = min(num_heads, max_cols)
     rows = math.ceil(num_heads / cols)
-    panel_w, panel_h = max(2.5, CELL_INCH * tk + 0.8), max(2.5, CELL_INCH * tq + 0.6)
-    fig = _figure(cols * panel_w + 0.8, rows * panel_h + 0.5)
-    axes = fig.subplots(rows, cols, squeeze=False)
+    panel_w, panel_h = max(1.6, CELL_INCH * tk), max(1.6, CELL_INCH * tq)
+    left, bottom = _label_inch(query_pieces) + 0.25, _label_inch(key_pieces) + 0.25
+    top, gap, bar = 0.65, 0.35, 1.0  # titles; between panels (head titles); the colour bar
+    grid_w, grid_h = cols * panel_w + (cols - 1) * gap, rows * panel_h + (rows - 1) * gap
+    width, height = left + grid_w + bar, bottom + grid_h + top
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    fig.subplots_adjust(
+        left=left / width, right=(width - bar) / width, bottom=bottom / height,
+        top=1 - top / height, wspace=gap / panel_w, hspace=gap / panel_h,
+    )  # fmt: skip
+    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    axes[0, 0].set_xticks(range(tk), key_pieces)
+    axes[0, 0].set_yticks(range(tq), query_pieces)
     image = None
     for h, ax in enumerate(axes.flat):
         if h >= num_heads:
@@ -39,10 +61,13 @@ def head_grid(
             continue
         image = ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {h}", fontsize=9)
-        ax.set_xticks(range(tk), key_pieces, rotation=90, fontsize=TICK_FONT)
-        ax.set_yticks(range(tq), query_pieces, fontsize=TICK_FONT)
-        ax.tick_params(length=0)
-    fig.colorbar(image, ax=axes, shrink=0.6, label="attention weight")
+        ax.tick_params(length=0, labelsize=TICK_FONT)
+        ax.tick_params(axis="x", labelrotation=90)
+    for col, ax in enumerate(axes[-1]):  # under an empty panel: the key pieces of the head above
+        if not ax.axison:
+            axes[-2, col].tick_params(labelbottom=True)
+    bar_ax = fig.add_axes((1 - (bar - 0.2) / width, bottom / height, 0.12 / width, grid_h / height))
+    fig.colorbar(image, cax=bar_ax, label="attention weight")
     fig.suptitle(title, fontsize=11)
     return fig
 
