@@ -100,9 +100,11 @@ from transformer import Transformer, TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 # d_model, heads, encoder and decoder layers, FFN width, default vocabulary (base/big: a WMT-size
-# joint BPE vocabulary; small: the Multi30k recipe's; tiny: CPU tests).
+# joint BPE vocabulary; mini: the Multi30k recipes' model; small: an earlier Multi30k size; tiny:
+# CPU tests).
 SIZES = {
     "tiny": (64, 4, 2, 128, 1000),
+    "mini": (128, 4, 4, 256, 6000),  # the Multi30k recipes' model=mini
     "small": (256, 4, 4, 1024, 8000),
     "base": (512, 8, 6, 2048, 32000),
     "big": (1024, 16, 6, 4096, 32000),

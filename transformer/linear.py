@@ -1,11 +1,13 @@
-"""``nn.Linear`` that runs float32 inference on CPU through oneDNN's kernel.
+"""``nn.Linear`` that runs float32 on CPU through oneDNN's kernel.
 
 PyTorch computes a float32 linear layer on CPU with MKL's sgemm. On AMD CPUs MKL takes a slower
 code path: oneDNN's kernel, which PyTorch ships for the linear layers of compiled models
 (``torch.ops.mkldnn._linear_pointwise``), is about twice as fast at decoding shapes (BENCHMARKS.md,
-"CTranslate2 against our decoder"). Only where nothing records gradients (decoding, validation,
-evaluation) and nothing is being compiled; training keeps ``F.linear``, and so does any PyTorch
-build without that operator.
+"CTranslate2 against our decoder"). In training it computes the output and the input's gradient;
+the weight's gradient, a product over all the batch's tokens, stays with ``torch.mm``, which is
+the faster there. Training under autocast keeps ``F.linear`` and autocast's dtype rules; so does
+anything being compiled (inductor picks its own kernels) and a PyTorch build without that
+operator.
 """
 
 from __future__ import annotations
@@ -22,17 +24,57 @@ def _onednn_available() -> bool:
 ONEDNN = _onednn_available()
 
 
+def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
+def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
+    return (
+        ONEDNN
+        and x.device.type == "cpu"
+        and x.dtype == weight.dtype == torch.float32
+        and weight.numel() > 0
+        and not torch.compiler.is_compiling()
+    )
+
+
+def linear(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear`` where autograd records nothing (no gradients wanted, or inside an
+    ``autograd.Function``): oneDNN's kernel for float32 on CPU. ``weight`` may be a transposed
+    view (``w.t()`` computes ``x @ w``)."""
+    if _takes_onednn(x, weight):
+        return _onednn_linear(x, weight, bias)
+    return F.linear(x, weight, bias)
+
+
+class _OneDNNLinear(torch.autograd.Function):
+    """x (..., in), weight (out, in), bias (out,) or None -> x @ weight.T + bias, and back."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        ctx.has_bias = bias is not None
+        return _onednn_linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        want_x, want_w, want_b = ctx.needs_input_grad
+        grad_x = _onednn_linear(grad, weight.t(), None) if want_x else None
+        grad_2d = grad.reshape(-1, grad.size(-1))  # (N, out)
+        grad_w = grad_2d.t() @ x.reshape(-1, x.size(-1)) if want_w else None  # (out, in)
+        grad_b = grad_2d.sum(0) if want_b and ctx.has_bias else None
+        return grad_x, grad_w, grad_b
+
+
 class Linear(nn.Linear):
-    """``nn.Linear`` (the same parameters and state dict), oneDNN for float32 CPU inference."""
+    """``nn.Linear`` (the same parameters and state dict), oneDNN for float32 on CPU."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if (
-            ONEDNN
-            and x.device.type == "cpu"
-            and x.dtype == self.weight.dtype == torch.float32
-            and self.weight.numel()
-            and not torch.is_grad_enabled()
-            and not torch.compiler.is_compiling()  # compiled: inductor picks its own kernels
-        ):
-            return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
-        return F.linear(x, self.weight, self.bias)
+        if not _takes_onednn(x, self.weight):
+            return F.linear(x, self.weight, self.bias)
+        if not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
+            return _onednn_linear(x, self.weight, self.bias)  # float32 inputs: inference
+        if torch.is_autocast_enabled("cpu"):
+            return F.linear(x, self.weight, self.bias)  # autocast's dtype rules
+        return _OneDNNLinear.apply(x, self.weight, self.bias)

@@ -7,7 +7,8 @@ into the gradients of the states and of the projection matrix. Memory for logits
 instead of the batch's, and each chunk's elementwise work stays in cache. What it saves per
 training step: BENCHMARKS.md, "The loss fused with the output projection, and 16-bit dropout
 masks". R-Drop (:func:`rdrop_loss`) is fused the same way: both passes' logits of a chunk, never
-the batch's.
+the batch's. On CPU the products with the projection matrix run through oneDNN in float32
+(:func:`transformer.linear.linear`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+
+from transformer.linear import linear
 
 # Logit entries per chunk: 16 MB of float32 logits on CPU (cache-sized work); on GPUs 256 MB, so
 # that a 32k vocabulary still makes chunks of 2k tokens (a few kernel launches per 2k tokens).
@@ -55,7 +58,7 @@ class _ProjectedLoss(torch.autograd.Function):
         for start in range(0, n, rows):
             h = hidden[start : start + rows]  # (C, D)
             y = labels[start : start + rows, None]  # (C, 1)
-            lprobs = F.log_softmax(h @ weight.T, dim=-1, dtype=torch.float32)  # (C, V)
+            lprobs = F.log_softmax(linear(h, weight), dim=-1, dtype=torch.float32)  # (C, V)
             token_nll = -lprobs.gather(1, y)  # (C, 1)
             loss += (1.0 - epsilon) * token_nll.sum() - epsilon * lprobs.mean(-1).sum()
             nll += token_nll.sum()
@@ -63,7 +66,7 @@ class _ProjectedLoss(torch.autograd.Function):
                 g = lprobs.exp_().sub_(epsilon / vocab)
                 g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))
                 g = g.to(hidden.dtype)
-                torch.mm(g, weight, out=grad_hidden[start : start + rows])  # (C, D)
+                grad_hidden[start : start + rows] = linear(g, weight.t())  # (C, D)
                 grad_weight += g.T @ h  # (V, D), summed over chunks in float32
         if want_grad:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
@@ -141,7 +144,7 @@ class _ProjectedRDropLoss(torch.autograd.Function):
         for start in range(0, n, rows):
             h = hidden[:, start : start + rows]  # (2, C, D)
             y = labels[start : start + rows, None]  # (C, 1)
-            lp = F.log_softmax(h @ weight.T, dim=-1, dtype=torch.float32)  # (2, C, V)
+            lp = F.log_softmax(linear(h, weight), dim=-1, dtype=torch.float32)  # (2, C, V)
             token_nll = -lp.gather(2, y.expand(2, -1, -1))  # (2, C, 1)
             ce = (1.0 - epsilon) * token_nll.sum() - epsilon * lp.mean(-1).sum()
             p = lp.exp()  # (2, C, V)
@@ -157,7 +160,7 @@ class _ProjectedRDropLoss(torch.autograd.Function):
                 dk = sign * d
                 kl = p[k] * (dk - (p[k] * dk).sum(-1, keepdim=True)) + p[k] - p[1 - k]
                 g = (0.5 * (p[k] - target) + 0.25 * alpha * kl).to(hidden.dtype)  # (C, V)
-                torch.mm(g, weight, out=grad_hidden[k, start : start + rows])  # (C, D)
+                grad_hidden[k, start : start + rows] = linear(g, weight.t())  # (C, D)
                 grad_weight += g.T @ h[k]  # (V, D)
         if want_grad:
             ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
