@@ -31,7 +31,12 @@ def timed(fn, steps: int = 20, warmup: int = 3) -> float:
     return statistics.median(times)
 
 
-def top_kernels(prof: torch.profiler.profile, rows: int) -> str:
+def top_kernels(fn, rows: int) -> str:
+    """The profiler's table of the CUDA kernels of three calls of ``fn``, longest first."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
     return prof.key_averages().table(
         sort_by="cuda_time_total", row_limit=rows, max_name_column_width=60
     )
@@ -73,18 +78,10 @@ def main() -> None:
             print(f"| {vocab} | ours | {min(rows, args.tokens)} | {timed(ours):.2f} |")
         loss_mod.CHUNK_ELEMENTS["cuda"] = default
         print(f"| {vocab} | full logits, F.cross_entropy | - | {timed(full):.2f} |")
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                ours()
-            torch.cuda.synchronize()
         print(f"\nours, vocab {vocab}, default chunks, 3 steps:")
-        print(top_kernels(prof, 14))
-        with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CUDA]) as prof:
-            for _ in range(3):
-                full()
-            torch.cuda.synchronize()
+        print(top_kernels(ours, 14))
         print(f"\nfull logits, vocab {vocab}, 3 steps:")
-        print(top_kernels(prof, 10))
+        print(top_kernels(full, 10))
 
 
 if __name__ == "__main__":
