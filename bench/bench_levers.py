@@ -1,17 +1,18 @@
 """Each quality-per-hour lever alone against the CPU recipe, at the same wall-clock budget.
 
     python bench/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
-        [--levers recipe,bf16,cosine,...] [--dry-run]
+        [--levers recipe,bf16,linear+bf16,...] [--dry-run]
 
 Every lever trains ``experiment=multi30k_en_de_cpu`` with its overrides for ``--minutes``
-(``trainer.max_time``), one run after the other in its own process, then ``evaluate.py``'s
-scoring (beam 5) of two checkpoints of each run on the three test sets: ``avg``, the recipe's
-average of the last 10 complete epochs, and ``last``, the last checkpoint (the EMA run's
-average). The table (also ``table.md``; the numbers in ``results.json``, under ``--out``) gives
-val/bleu (greedy, the recipe's 300 sentences, last validation), BLEU / BLEU -lc / chrF per test
-set, the updates made and the training wall time. Runs must not share the machine: run it on a
-quiet one. ``--dry-run``: the tiny model on a synthetic corpus (unless ``--data``), 5 seconds of
-training each, beam 2 (the command lines and the table, checked in a minute).
+(``trainer.max_time``; ``a+b``: levers a and b together, a candidate recipe), one run after the
+other in its own process, then ``evaluate.py``'s scoring (beam 5) of two checkpoints of each run
+on the three test sets: ``avg``, the recipe's average of the last 10 complete epochs, and
+``last``, the last checkpoint (the EMA run's average). The table (also ``table.md``; the numbers
+in ``results.json``, under ``--out``) gives val/bleu (greedy, the recipe's 300 sentences, last
+validation), BLEU / BLEU -lc / chrF per test set, the updates made and the training wall time.
+Runs must not share the machine: run it on a quiet one. ``--dry-run``: the tiny model on a
+synthetic corpus (unless ``--data``), 5 seconds of training each, beam 2 (the command lines and
+the table, checked in a minute).
 """
 
 from __future__ import annotations
@@ -40,6 +41,12 @@ LEVERS: dict[str, list[str]] = {
     "ema": ["ema.decay=0.999"],
 }
 
+
+def overrides(name: str) -> list[str]:
+    """A lever's overrides of the recipe; ``linear+bf16`` joins levers (a candidate recipe)."""
+    return [o for part in name.split("+") for o in LEVERS[part]]
+
+
 DRY_TRAIN = ["model=tiny", "data.vocab_size=64", "data.num_workers=0", "data.max_tokens=512",
              "trainer.num_sanity_val_steps=0", "validation.bleu_sentences=8",
              "~callbacks.attention_maps"]  # fmt: skip
@@ -60,7 +67,7 @@ def train_command(lever: str, data: Path, run: Path, seconds: float, dry: bool) 
         f"data.root={data}", "logger=csv", f"hydra.run.dir={run}",
         f"trainer.max_time={max_time(seconds)}", "trainer.enable_progress_bar=false",
         *([*DRY_TRAIN, f"data.cache_dir={run.parent / 'cache'}"] if dry else []),
-        *LEVERS[lever],
+        *overrides(lever),
     ]  # fmt: skip
 
 
@@ -110,7 +117,7 @@ def run_lever(lever: str, data: Path, out: Path, seconds: float, dry: bool) -> d
         done = subprocess.run(train_command(lever, data, run, seconds, dry), cwd=REPO,
                               stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
     result: dict[str, Any] = {
-        "lever": lever, "overrides": LEVERS[lever], "returncode": done.returncode,
+        "lever": lever, "overrides": overrides(lever), "returncode": done.returncode,
         "train_wall_s": round(time.perf_counter() - start, 1), "updates": global_step(run),
         "val_bleu": last_logged(run, "val/bleu"), "scores": {},
     }  # fmt: skip
@@ -142,11 +149,15 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--data", type=Path, help="the Multi30k folder (data.root)")
     parser.add_argument("--minutes", type=float, default=54.0, help="training time per lever")
     parser.add_argument("--out", type=Path, default=REPO / "outputs" / "levers")
-    parser.add_argument("--levers", default=",".join(LEVERS), help="comma-separated names")
+    parser.add_argument(
+        "--levers",
+        default=",".join(LEVERS),
+        help="comma-separated names; a+b trains levers a and b together",
+    )
     parser.add_argument("--dry-run", action="store_true", help="tiny model, synthetic corpus")
     args = parser.parse_args(argv)
     args.levers = args.levers.split(",")
-    unknown = [x for x in args.levers if x not in LEVERS]
+    unknown = [x for name in args.levers for x in name.split("+") if x not in LEVERS]
     if unknown:
         parser.error(f"unknown lever(s) {', '.join(unknown)}; choose from {', '.join(LEVERS)}")
     if args.data is None and not args.dry_run:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_levers import LEVERS, TEST_SETS, main, max_time, parse_args, table
+from bench.bench_levers import LEVERS, TEST_SETS, main, max_time, overrides, parse_args, table
 from tests.tiny import compose_cfg
 from transformer.config_checks import validate_config
 
@@ -27,6 +27,15 @@ def test_options_and_budget():
         parse_args(["--data", "x", "--levers", "ema,adam"])
     with pytest.raises(SystemExit):
         parse_args([])  # --data is needed for a real run
+
+
+def test_levers_join_into_a_candidate_recipe(tmp_path):
+    assert overrides("linear+bf16") == LEVERS["linear"] + LEVERS["bf16"]
+    assert parse_args(["--dry-run", "--levers", "recipe,linear+bf16"]).levers[1] == "linear+bf16"
+    with pytest.raises(SystemExit):
+        parse_args(["--dry-run", "--levers", "linear+adam"])
+    cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *overrides("linear+bf16")], tmp_path)
+    assert cfg.trainer.precision == "bf16-mixed" and cfg.optim.scheduler.shape == "linear"
 
 
 def test_table_has_a_row_per_lever_and_checkpoint():
