@@ -51,7 +51,7 @@ def on_gpu(trainer_cfg: DictConfig) -> bool:
 
 def cpu_has_fast_bf16() -> bool:
     """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16-mixed trains
-    faster than float32 (the CPU recipe: 1.19x the updates, README); elsewhere oneDNN emulates
+    faster than float32 (the CPU recipe: 1.33-1.57x a step, README); elsewhere oneDNN emulates
     bf16 and it is slower. ``torch.backends.cpu.get_cpu_capability()`` cannot tell: it says
     ``AVX512`` with or without them."""
     return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
