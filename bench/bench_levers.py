@@ -1,15 +1,16 @@
 """Each quality-per-hour lever alone against the CPU recipe, at the same wall-clock budget.
 
     python bench/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
-        [--levers recipe,bf16,linear+bf16,...] [--dry-run]
+        [--levers recipe,fp32,invsqrt+fp32,...] [--dry-run]
 
 Every lever trains ``experiment=multi30k_en_de_cpu`` with its overrides for ``--minutes``
 (``trainer.max_time``; ``a+b``: levers a and b together, a candidate recipe), one run after the
 other in its own process, then ``evaluate.py``'s scoring (beam 5) of two checkpoints of each run
-on the three test sets: ``avg``, the recipe's average of the last 10 complete epochs, and
-``last``, the last checkpoint (the EMA run's average). The table (also ``table.md``; the numbers
-in ``results.json``, under ``--out``) gives val/bleu (greedy, the recipe's 300 sentences, last
-validation), BLEU / BLEU -lc / chrF per test set, the updates made and the training wall time.
+on val and the three test sets: ``avg``, the recipe's average of the last 10 complete epochs,
+and ``last``, the last checkpoint (the EMA run's average). The table (also ``table.md``; the
+numbers in ``results.json``, under ``--out``) gives val/bleu (greedy, the recipe's 300 sentences,
+last validation), BLEU / BLEU -lc / chrF per split (val: the one to choose by), the updates made
+and the training wall time.
 Runs must not share the machine: run it on a quiet one. ``--dry-run``: the tiny model on a
 synthetic corpus (unless ``--data``), 5 seconds of training each, beam 2 (the command lines and
 the table, checked in a minute).
@@ -29,12 +30,13 @@ from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
+SCORED = ("val", *TEST_SETS)  # val to choose by (beam 5, the whole set); the test sets to report
 
 # name -> overrides of the recipe; each lever alone (README, "Budgeted training").
 LEVERS: dict[str, list[str]] = {
     "recipe": [],
-    "bf16": ["trainer.precision=bf16-mixed"],
-    "linear": ["optim=adamw_linear"],
+    "invsqrt": ["optim=adamw"],  # invsqrt+fp32: the recipe before linear decay and bf16
+    "fp32": ["trainer.precision=32-true"],
     "cosine": ["optim=adamw_cosine"],
     "wsd": ["optim=adamw_wsd"],
     "rdrop": ["loss.rdrop_alpha=5"],
@@ -43,7 +45,7 @@ LEVERS: dict[str, list[str]] = {
 
 
 def overrides(name: str) -> list[str]:
-    """A lever's overrides of the recipe; ``linear+bf16`` joins levers (a candidate recipe)."""
+    """A lever's overrides of the recipe; ``invsqrt+fp32`` joins levers (the earlier recipe)."""
     return [o for part in name.split("+") for o in LEVERS[part]]
 
 
@@ -122,23 +124,23 @@ def run_lever(lever: str, data: Path, out: Path, seconds: float, dry: bool) -> d
         "val_bleu": last_logged(run, "val/bleu"), "scores": {},
     }  # fmt: skip
     for name, ckpt in checkpoints(run).items():
-        for split in TEST_SETS:
+        for split in SCORED:
             m = score(ckpt, data, split, run / f"eval_{name}_{split}", dry)
             result["scores"].setdefault(name, {})[split] = [m["bleu"], m["bleu_lc"], m["chrf"]]
     return result
 
 
 def table(results: list[dict[str, Any]]) -> str:
-    sets = " | ".join(f"{s} BLEU / -lc / chrF" for s in TEST_SETS)
-    lines = [f"| lever | ckpt | val BLEU | {sets} | updates | train wall min |",
-             "|" + "---|" * (6 + len(TEST_SETS) - 1)]  # fmt: skip
+    sets = " | ".join(f"{s} BLEU / -lc / chrF" for s in SCORED)
+    lines = [f"| lever | ckpt | val/bleu greedy | {sets} | updates | train wall min |",
+             "|" + "---|" * (5 + len(SCORED))]  # fmt: skip
     for r in results:
         val = "-" if r["val_bleu"] is None else f"{r['val_bleu']:.2f}"
         wall = f"{r['train_wall_s'] / 60:.1f}"
         updates = "-" if r["updates"] is None else r["updates"]
         for name, by_split in r["scores"].items() or [("-", {})]:
             cells = [" / ".join(f"{x:.2f}" for x in by_split[s]) if s in by_split else "-"
-                     for s in TEST_SETS]  # fmt: skip
+                     for s in SCORED]  # fmt: skip
             lines.append(f"| {r['lever']} | {name} | {val} | {' | '.join(cells)} | "
                          f"{updates} | {wall} |")  # fmt: skip
     return "\n".join(lines)

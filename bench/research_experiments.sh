@@ -35,13 +35,15 @@ corpus() {
     done
 }
 
-# fit NAME STEPS OPTION...: train (the CPU recipe, adamw_linear, STEPS updates) unless done
+# fit NAME STEPS OPTION...: train (the CPU recipe, adamw_linear, STEPS updates, float32 as
+# measured) unless done
 fit() {
     local run=$out/$1 steps=$2
     shift 2
     [ -f "$run/checkpoints/last.ckpt" ] && return
     $python train.py experiment=multi30k_en_de_cpu "data.cache_dir=$run/cache" \
         optim=adamw_linear optim.scheduler.warmup_steps=300 "trainer.max_steps=$steps" \
+        trainer.precision=32-true \
         '~trainer.max_time' logger=csv "hydra.run.dir=$run" trainer.enable_progress_bar=false "$@" \
         ${EXTRA:-}  # e.g. EXTRA="model=tiny data.vocab_size=64": a quick dry run
 }

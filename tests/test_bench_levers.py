@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from bench.bench_levers import LEVERS, TEST_SETS, main, max_time, overrides, parse_args, table
+from bench.bench_levers import LEVERS, SCORED, main, max_time, overrides, parse_args, table
 from tests.tiny import compose_cfg
 from transformer.config_checks import validate_config
 
@@ -29,17 +29,18 @@ def test_options_and_budget():
         parse_args([])  # --data is needed for a real run
 
 
-def test_levers_join_into_a_candidate_recipe(tmp_path):
-    assert overrides("linear+bf16") == LEVERS["linear"] + LEVERS["bf16"]
-    assert parse_args(["--dry-run", "--levers", "recipe,linear+bf16"]).levers[1] == "linear+bf16"
+def test_levers_join_into_the_earlier_recipe(tmp_path):
+    assert overrides("invsqrt+fp32") == LEVERS["invsqrt"] + LEVERS["fp32"]
+    assert parse_args(["--dry-run", "--levers", "recipe,invsqrt+fp32"]).levers[1] == "invsqrt+fp32"
     with pytest.raises(SystemExit):
-        parse_args(["--dry-run", "--levers", "linear+adam"])
-    cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *overrides("linear+bf16")], tmp_path)
-    assert cfg.trainer.precision == "bf16-mixed" and cfg.optim.scheduler.shape == "linear"
+        parse_args(["--dry-run", "--levers", "fp32+adam"])
+    cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *overrides("invsqrt+fp32")], tmp_path)
+    assert cfg.trainer.precision == "32-true" and cfg.optim.scheduler.warmup_steps == 1000
+    assert cfg.optim.scheduler._target_ == "transformer.optim.warmup_inverse_sqrt"
 
 
 def test_table_has_a_row_per_lever_and_checkpoint():
-    scores = {s: [30.0 + i, 31.0 + i, 60.0 + i] for i, s in enumerate(TEST_SETS)}
+    scores = {s: [30.0 + i, 31.0 + i, 60.0 + i] for i, s in enumerate(SCORED)}
     results = [
         {"lever": "recipe", "val_bleu": 38.6, "updates": 4379, "train_wall_s": 3258.0,
          "scores": {"avg": scores, "last": scores}},
@@ -48,13 +49,14 @@ def test_table_has_a_row_per_lever_and_checkpoint():
     lines = table(results).splitlines()
     assert lines[2] == (
         "| recipe | avg | 38.60 | 30.00 / 31.00 / 60.00 | 31.00 / 32.00 / 61.00 | "
-        "32.00 / 33.00 / 62.00 | 4379 | 54.3 |"
+        "32.00 / 33.00 / 62.00 | 33.00 / 34.00 / 63.00 | 4379 | 54.3 |"
     )
-    assert lines[4] == "| ema | - | - | - | - | - | - | 1.0 |" and len(lines) == 5
+    assert lines[4] == "| ema | - | - | - | - | - | - | - | 1.0 |" and len(lines) == 5
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
 
 
 def test_dry_run_of_one_lever_trains_scores_and_tabulates(tmp_path):
     (result,) = main(["--dry-run", "--levers", "ema", "--out", str(tmp_path)])
     assert result["returncode"] == 0 and result["updates"] >= 1
-    assert set(result["scores"]["last"]) == set(TEST_SETS)
+    assert set(result["scores"]["last"]) == set(SCORED)
     assert (tmp_path / "table.md").read_text().count("| ema |") == len(result["scores"])
