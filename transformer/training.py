@@ -221,6 +221,10 @@ def train(cfg: DictConfig) -> dict[str, float]:
             import wandb
 
             wandb.finish()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Lightning leaves a gloo group (CPU DDP) to the interpreter's exit, where its threads
+            # can abort the process ("terminate called without an active exception")
+            torch.distributed.destroy_process_group()
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:
         log.info("finished at step %d: %s", trainer.global_step, metrics)
