@@ -4,6 +4,7 @@ and a dry run of one lever end to end (train.py, then evaluate's scoring of its 
 from __future__ import annotations
 
 import pytest
+from omegaconf import OmegaConf
 
 from bench.bench_levers import LEVERS, SCORED, main, max_time, overrides, parse_args, table
 from tests.tiny import compose_cfg
@@ -15,8 +16,11 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     recipe = compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *LEVERS[lever]], tmp_path)
     validate_config(cfg)
-    same = ("data", "model", "callbacks")
-    assert all(cfg[k] == recipe[k] for k in same) and cfg.trainer.max_time == "00:00:54:00"
+    assert cfg.data == recipe.data and cfg.callbacks == recipe.callbacks
+    assert cfg.trainer.max_time == "00:00:54:00"
+    # the model changes only under the dropout lever, and only its dropout
+    assert cfg.model == OmegaConf.merge(recipe.model, {"dropout": cfg.model.dropout})
+    assert (cfg.model.dropout != recipe.model.dropout) == (lever == "dropout0.3")
     assert (cfg == recipe) == (lever == "recipe")
 
 
