@@ -42,6 +42,7 @@ LEVERS: dict[str, list[str]] = {
     "rdrop": ["loss.rdrop_alpha=5"],
     "ema": ["ema.decay=0.999"],
     "dropout0.3": ["model.dropout=0.3"],  # the recipe before 2026-11-24 (now 0.2)
+    "dropout0.1": ["model.dropout=0.1"],
 }
 
 

@@ -18,9 +18,11 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     validate_config(cfg)
     assert cfg.data == recipe.data and cfg.callbacks == recipe.callbacks
     assert cfg.trainer.max_time == "00:00:54:00"
-    # the model changes only under the dropout lever, and only its dropout
+    # the model changes only under the dropout levers, and only its dropout: to the lever's value
     assert cfg.model == OmegaConf.merge(recipe.model, {"dropout": cfg.model.dropout})
-    assert (cfg.model.dropout != recipe.model.dropout) == (lever == "dropout0.3")
+    changed = lever.startswith("dropout")
+    assert (cfg.model.dropout != recipe.model.dropout) == changed
+    assert not changed or cfg.model.dropout == float(lever.removeprefix("dropout"))
     assert (cfg == recipe) == (lever == "recipe")
 
 
