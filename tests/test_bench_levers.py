@@ -28,7 +28,7 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
 
 def test_options_and_budget():
     assert max_time(54 * 60) == "00:00:54:00" and max_time(0.2) == "00:00:00:01"
-    assert parse_args(["--dry-run", "--levers", "ema,wsd"]).levers == ["ema", "wsd"]
+    assert parse_args(["--dry-run", "--levers", "ema,linear"]).levers == ["ema", "linear"]
     with pytest.raises(SystemExit):
         parse_args(["--data", "x", "--levers", "ema,adam"])
     with pytest.raises(SystemExit):
