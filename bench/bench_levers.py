@@ -43,6 +43,8 @@ LEVERS: dict[str, list[str]] = {
     "ema": ["ema.decay=0.999"],
     "dropout0.3": ["model.dropout=0.3"],  # the recipe before 2026-11-24 (now 0.2)
     "dropout0.1": ["model.dropout=0.1"],
+    "cooldown0.3": ["optim.scheduler.cooldown=0.3"],  # wsd's decay: the last 30% of the time
+    "seed1": ["seed=1"],  # the recipe at another seed: how much a seed moves the scores
 }
 
 
