@@ -2,6 +2,8 @@
 
     python bench/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
         [--levers recipe,fp32,invsqrt+fp32,...] [--dry-run]
+    python bench/bench_levers.py --gpu --data data/multi30k [--steps 12000] [--parallel 4]
+        [--deadline SECONDS] [--out DIR] [--levers recipe,wsd,...] [--dry-run]
 
 Every lever trains ``experiment=multi30k_en_de_cpu`` with its overrides for ``--minutes``
 (``trainer.max_time``; ``a+b``: levers a and b together, a candidate recipe), one run after the
@@ -14,6 +16,14 @@ and the training wall time.
 Runs must not share the machine: run it on a quiet one. ``--dry-run``: the tiny model on a
 synthetic corpus (unless ``--data``), 5 seconds of training each, beam 2 (the command lines and
 the table, checked in a minute).
+
+``--gpu``: the GPU levers against the GPU recipe ``experiment=multi30k_en_de``, at an equal number
+of updates (``--steps``: ``trainer.max_steps``, no epoch limit; 12,000 is about the recipe's 100
+epochs), so that ``--parallel`` runs can share one GPU without changing what they learn (their
+wall times are then shared ones). The attention maps are off and val/bleu (monitoring only) is
+on 300 sentences: both cost time, not quality. ``--deadline``: after so many seconds the runs
+still training get SIGTERM, write ``last.ckpt`` and stop unscored; the same command again
+(same ``--out``) resumes them, and scores each run once it has all its updates.
 """
 
 from __future__ import annotations
@@ -21,6 +31,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import signal
 import subprocess
 import sys
 import tempfile
@@ -48,9 +59,25 @@ LEVERS: dict[str, list[str]] = {
 }
 
 
-def overrides(name: str) -> list[str]:
+# name -> overrides of the GPU recipe (experiment=multi30k_en_de: warmup and inverse square
+# root, dropout 0.3, bf16-mixed); the CPU recipe's choices among them.
+GPU_LEVERS: dict[str, list[str]] = {
+    "recipe": [],
+    "wsd": ["optim=adamw_wsd"],  # warmup-stable-decay to 0 at --steps (the CPU recipe's)
+    "linear": ["optim=adamw_linear"],
+    "cosine": ["optim=adamw_cosine"],
+    "dropout0.2": ["model.dropout=0.2"],  # the CPU recipe's
+    "ema": ["ema.decay=0.999"],
+    "rdrop": ["loss.rdrop_alpha=5"],
+    "seed1": ["seed=1"],
+}
+# Every GPU run: cheaper validation (val/bleu is monitoring here, not the score), no maps.
+GPU_COMMON = ["validation.bleu_sentences=300", "~callbacks.attention_maps"]
+
+
+def overrides(name: str, levers: dict[str, list[str]] = LEVERS) -> list[str]:
     """A lever's overrides of the recipe; ``invsqrt+fp32`` joins levers (the earlier recipe)."""
-    return [o for part in name.split("+") for o in LEVERS[part]]
+    return [o for part in name.split("+") for o in levers[part]]
 
 
 DRY_TRAIN = ["model=tiny", "data.vocab_size=64", "data.num_workers=0", "data.max_tokens=512",
@@ -67,13 +94,24 @@ def max_time(seconds: float) -> str:
     return f"{days:02d}:{hours:02d}:{minutes:02d}:{secs:02d}"
 
 
-def train_command(lever: str, data: Path, run: Path, seconds: float, dry: bool) -> list[str]:
+def train_command(lever: str, data: Path, run: Path, args: argparse.Namespace) -> list[str]:
+    """train.py for one lever: the CPU recipe for ``args.minutes``, or with ``args.gpu`` the GPU
+    recipe for ``args.steps`` updates, resumed from its ``last.ckpt`` when there is one."""
+    if args.gpu:
+        budget = ["experiment=multi30k_en_de", f"trainer.max_steps={args.steps}",
+                  "trainer.max_epochs=-1", *([] if args.dry_run else GPU_COMMON)]  # fmt: skip
+        last = run / "checkpoints" / "last.ckpt"
+        if last.is_file():
+            budget.append(f"ckpt_path={last}")
+    else:
+        seconds = 5.0 if args.dry_run else args.minutes * 60
+        budget = ["experiment=multi30k_en_de_cpu", f"trainer.max_time={max_time(seconds)}"]
     return [
-        sys.executable, str(REPO / "train.py"), "experiment=multi30k_en_de_cpu",
+        sys.executable, str(REPO / "train.py"), *budget,
         f"data.root={data}", "logger=csv", f"hydra.run.dir={run}",
-        f"trainer.max_time={max_time(seconds)}", "trainer.enable_progress_bar=false",
-        *([*DRY_TRAIN, f"data.cache_dir={run.parent / 'cache'}"] if dry else []),
-        *overrides(lever),
+        "trainer.enable_progress_bar=false",
+        *([*DRY_TRAIN, f"data.cache_dir={run.parent / 'cache'}"] if args.dry_run else []),
+        *overrides(lever, GPU_LEVERS if args.gpu else LEVERS),
     ]  # fmt: skip
 
 
@@ -116,21 +154,75 @@ def global_step(run: Path) -> int | None:
     return torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
 
 
-def run_lever(lever: str, data: Path, out: Path, seconds: float, dry: bool) -> dict[str, Any]:
-    run = out / lever
-    start = time.perf_counter()
-    with open(out / f"{lever}.log", "w") as log:
-        done = subprocess.run(train_command(lever, data, run, seconds, dry), cwd=REPO,
-                              stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+def finished(run: Path, args: argparse.Namespace, returncode: int | None) -> bool:
+    """Whether a run has its whole budget: all ``--steps`` updates (GPU), else exit status 0."""
+    if args.gpu:
+        updates = global_step(run)
+        return updates is not None and updates >= args.steps
+    return returncode == 0
+
+
+def train_levers(levers: list[str], data: Path, args: argparse.Namespace) -> dict[str, dict]:
+    """Trains the levers whose runs lack updates, ``args.parallel`` at a time, until
+    ``args.deadline`` seconds (then SIGTERM: each writes ``last.ckpt`` and stops). Each run's
+    ``bench.json`` sums its training calls' wall time and keeps the last exit status."""
+    pending = [lv for lv in levers if not finished(args.out / lv, args, _state(lv, args)["rc"])]
+    running: dict[str, tuple[subprocess.Popen, float]] = {}
+    start = time.monotonic()
+    stopping = False
+    while pending or running:
+        while pending and len(running) < args.parallel and not stopping:
+            lever = pending.pop(0)
+            run = args.out / lever
+            with open(args.out / f"{lever}.log", "a") as log:
+                proc = subprocess.Popen(train_command(lever, data, run, args), cwd=REPO,
+                                        stdout=log, stderr=subprocess.STDOUT)  # fmt: skip
+            running[lever] = (proc, time.monotonic())
+        for lever, (proc, began) in list(running.items()):
+            if proc.poll() is not None:
+                state = _state(lever, args)
+                state["rc"] = proc.returncode
+                state["train_wall_s"] = round(state["train_wall_s"] + time.monotonic() - began, 1)
+                state["calls"] += 1
+                (args.out / lever / "bench.json").write_text(json.dumps(state) + "\n")
+                del running[lever]
+        if args.deadline and not stopping and time.monotonic() - start > args.deadline:
+            stopping = True
+            pending = []
+            for proc, _ in running.values():
+                proc.send_signal(signal.SIGTERM)
+        if running:
+            time.sleep(0.5 if args.dry_run else 5.0)
+    return {lv: _state(lv, args) for lv in levers}
+
+
+def _state(lever: str, args: argparse.Namespace) -> dict[str, Any]:
+    path = args.out / lever / "bench.json"
+    if path.is_file():
+        return json.loads(path.read_text())
+    return {"rc": None, "train_wall_s": 0.0, "calls": 0}
+
+
+def lever_result(lever: str, state: dict, data: Path, args: argparse.Namespace) -> dict:
+    """A lever's row: its training, and the scores of its checkpoints once it has finished
+    (kept in ``scores.json`` with the update count: a later call scores only a changed run)."""
+    run = args.out / lever
+    done = finished(run, args, state["rc"])
     result: dict[str, Any] = {
-        "lever": lever, "overrides": overrides(lever), "returncode": done.returncode,
-        "train_wall_s": round(time.perf_counter() - start, 1), "updates": global_step(run),
+        "lever": lever, "overrides": overrides(lever, GPU_LEVERS if args.gpu else LEVERS),
+        "returncode": state["rc"], "finished": done, "train_wall_s": state["train_wall_s"],
+        "calls": state["calls"], "updates": global_step(run),
         "val_bleu": last_logged(run, "val/bleu"), "scores": {},
     }  # fmt: skip
-    for name, ckpt in checkpoints(run).items():
-        for split in SCORED:
-            m = score(ckpt, data, split, run / f"eval_{name}_{split}", dry)
-            result["scores"].setdefault(name, {})[split] = [m["bleu"], m["bleu_lc"], m["chrf"]]
+    saved = run / "scores.json"
+    if saved.is_file() and json.loads(saved.read_text())["updates"] == result["updates"]:
+        result["scores"] = json.loads(saved.read_text())["scores"]
+    elif done:
+        for name, ckpt in checkpoints(run).items():
+            for split in SCORED:
+                m = score(ckpt, data, split, run / f"eval_{name}_{split}", args.dry_run)
+                result["scores"].setdefault(name, {})[split] = [m["bleu"], m["bleu_lc"], m["chrf"]]
+        saved.write_text(json.dumps({"updates": result["updates"], "scores": result["scores"]}))
     return result
 
 
@@ -142,6 +234,8 @@ def table(results: list[dict[str, Any]]) -> str:
         val = "-" if r["val_bleu"] is None else f"{r['val_bleu']:.2f}"
         wall = f"{r['train_wall_s'] / 60:.1f}"
         updates = "-" if r["updates"] is None else r["updates"]
+        if not r.get("finished", True):
+            updates = f"{updates} (unfinished)"
         for name, by_split in r["scores"].items() or [("-", {})]:
             cells = [" / ".join(f"{x:.2f}" for x in by_split[s]) if s in by_split else "-"
                      for s in SCORED]  # fmt: skip
@@ -160,12 +254,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=",".join(LEVERS),
         help="comma-separated names; a+b trains levers a and b together",
     )
+    parser.add_argument("--gpu", action="store_true", help="the GPU recipe and its levers")
+    parser.add_argument("--steps", type=int, default=12000, help="--gpu: updates per lever")
+    parser.add_argument("--parallel", type=int, default=1, help="--gpu: runs at once")
+    parser.add_argument(
+        "--deadline", type=float, help="--gpu: seconds, then stop the runs (resumed next time)"
+    )
     parser.add_argument("--dry-run", action="store_true", help="tiny model, synthetic corpus")
     args = parser.parse_args(argv)
+    levers = GPU_LEVERS if args.gpu else LEVERS
+    if args.levers == parser.get_default("levers"):
+        args.levers = ",".join(levers)
     args.levers = args.levers.split(",")
-    unknown = [x for name in args.levers for x in name.split("+") if x not in LEVERS]
+    unknown = [x for name in args.levers for x in name.split("+") if x not in levers]
     if unknown:
-        parser.error(f"unknown lever(s) {', '.join(unknown)}; choose from {', '.join(LEVERS)}")
+        which = "--gpu " if args.gpu else ""
+        parser.error(
+            f"unknown {which}lever(s) {', '.join(unknown)}; choose from {', '.join(levers)}"
+        )
+    if not args.gpu and (args.parallel != 1 or args.deadline is not None):
+        parser.error("--parallel and --deadline need --gpu (time budgets must not share cores)")
+    if args.steps < 1 or args.parallel < 1:
+        parser.error("--steps and --parallel must be at least 1")
     if args.data is None and not args.dry_run:
         parser.error("--data DIR (the Multi30k folder) is needed, except with --dry-run")
     return args
@@ -174,7 +284,6 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
     args = parse_args(argv)
     args.out.mkdir(parents=True, exist_ok=True)
-    seconds = 5.0 if args.dry_run else args.minutes * 60
     with tempfile.TemporaryDirectory() as tmp:
         data = args.data
         if args.dry_run and data is None:
@@ -183,7 +292,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             from tests.tiny import write_corpus
 
             data = write_corpus(Path(tmp) / "corpus", SPLITS, suffix=".gz")
-        results = [run_lever(lever, data, args.out, seconds, args.dry_run) for lever in args.levers]
+        states = train_levers(args.levers, data, args)
+        results = [lever_result(lv, states[lv], data, args) for lv in args.levers]
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = table(results)
     (args.out / "table.md").write_text(text + "\n")

@@ -1,12 +1,23 @@
-"""bench/bench_levers.py: every lever is a valid change of the CPU recipe, the options, the table,
-and a dry run of one lever end to end (train.py, then evaluate's scoring of its checkpoints)."""
+"""bench/bench_levers.py: every lever is a valid change of its recipe (CPU or GPU), the options,
+the table, a dry run of one lever end to end (train.py, then evaluate's scoring of its
+checkpoints), and the GPU mode's runs side by side, stopped at a deadline and resumed."""
 
 from __future__ import annotations
 
 import pytest
 from omegaconf import OmegaConf
 
-from bench.bench_levers import LEVERS, SCORED, main, max_time, overrides, parse_args, table
+from bench.bench_levers import (
+    GPU_COMMON,
+    GPU_LEVERS,
+    LEVERS,
+    SCORED,
+    main,
+    max_time,
+    overrides,
+    parse_args,
+    table,
+)
 from tests.tiny import compose_cfg
 from transformer.config_checks import validate_config
 
@@ -26,6 +37,20 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     assert (cfg == recipe) == (lever == "recipe")
 
 
+@pytest.mark.parametrize("lever", GPU_LEVERS)
+def test_each_gpu_lever_is_a_valid_change_of_the_gpu_recipe(lever, tmp_path):
+    budget = ["experiment=multi30k_en_de", "trainer.max_steps=12000", "trainer.max_epochs=-1"]
+    recipe = compose_cfg([*budget, *GPU_COMMON], tmp_path)
+    cfg = compose_cfg([*budget, *GPU_COMMON, *GPU_LEVERS[lever]], tmp_path)
+    validate_config(cfg)  # the budgeted schedules need trainer.max_steps: the budget gives it
+    assert "attention_maps" not in cfg.callbacks and cfg.validation.bleu_sentences == 300
+    assert cfg.data == recipe.data and cfg.trainer == recipe.trainer
+    assert cfg.model == OmegaConf.merge(recipe.model, {"dropout": cfg.model.dropout})
+    assert (cfg.model.dropout != recipe.model.dropout) == lever.startswith("dropout")
+    assert (cfg == recipe) == (lever == "recipe")
+    assert cfg.optim.scheduler.warmup_steps == 2000  # the GPU recipe's, under every schedule
+
+
 def test_options_and_budget():
     assert max_time(54 * 60) == "00:00:54:00" and max_time(0.2) == "00:00:00:01"
     assert parse_args(["--dry-run", "--levers", "ema,linear"]).levers == ["ema", "linear"]
@@ -33,6 +58,11 @@ def test_options_and_budget():
         parse_args(["--data", "x", "--levers", "ema,adam"])
     with pytest.raises(SystemExit):
         parse_args([])  # --data is needed for a real run
+    assert parse_args(["--gpu", "--dry-run"]).levers == list(GPU_LEVERS)
+    with pytest.raises(SystemExit):
+        parse_args(["--gpu", "--dry-run", "--levers", "invsqrt"])  # the GPU recipe's schedule
+    with pytest.raises(SystemExit):
+        parse_args(["--dry-run", "--parallel", "2"])  # time budgets must not share the cores
 
 
 def test_levers_join_into_the_earlier_recipe(tmp_path):
@@ -66,3 +96,21 @@ def test_dry_run_of_one_lever_trains_scores_and_tabulates(tmp_path):
     assert result["returncode"] == 0 and result["updates"] >= 1
     assert set(result["scores"]["last"]) == set(SCORED)
     assert (tmp_path / "table.md").read_text().count("| ema |") == len(result["scores"])
+
+
+def test_gpu_mode_trains_side_by_side_stops_at_the_deadline_and_resumes(tmp_path):
+    args = ["--gpu", "--dry-run", "--parallel", "2", "--levers", "recipe,wsd"]
+    args += ["--out", str(tmp_path)]
+    # a deadline long before 10**6 steps: both stop (SIGTERM), keep last.ckpt, and go unscored
+    stopped = main([*args, "--steps", str(10**6), "--deadline", "12"])
+    assert all(not r["finished"] and r["scores"] == {} and r["calls"] == 1 for r in stopped)
+    assert any(r["updates"] for r in stopped)  # (a run still starting up has no last.ckpt)
+    # the same command with a reachable budget resumes each from its last.ckpt, then scores it
+    steps = max(r["updates"] or 0 for r in stopped) + 3
+    resumed = main([*args, "--steps", str(steps)])
+    for before, after in zip(stopped, resumed, strict=True):
+        assert after["finished"] and after["updates"] == steps and after["calls"] == 2
+        assert set(after["scores"]["last"]) == set(SCORED)
+        if before["updates"]:  # stopped after a step: the second call went on from there
+            log = (tmp_path / f"{after['lever']}.log").read_text()
+            assert "Restoring states from the checkpoint" in log
