@@ -3,7 +3,7 @@
     python bench/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
         [--levers recipe,fp32,invsqrt+fp32,...] [--dry-run]
     python bench/bench_levers.py --gpu --data data/multi30k [--steps 12000] [--parallel 4]
-        [--deadline SECONDS] [--out DIR] [--levers recipe,wsd,...] [--dry-run]
+        [--deadline SECONDS] [--out DIR] [--levers recipe,invsqrt,...] [--dry-run]
 
 Every lever trains ``experiment=multi30k_en_de_cpu`` with its overrides for ``--minutes``
 (``trainer.max_time``; ``a+b``: levers a and b together, a candidate recipe), one run after the
@@ -13,17 +13,18 @@ and ``last``, the last checkpoint (the EMA run's average). The table (also ``tab
 numbers in ``results.json``, under ``--out``) gives val/bleu (greedy, the recipe's 300 sentences,
 last validation), BLEU / BLEU -lc / chrF per split (val: the one to choose by), the updates made
 and the training wall time.
-Runs must not share the machine: run it on a quiet one. ``--dry-run``: the tiny model on a
-synthetic corpus (unless ``--data``), 5 seconds of training each, beam 2 (the command lines and
-the table, checked in a minute).
+A lever whose run under ``--out`` has already finished is not trained or scored again (its
+``bench.json`` and ``scores.json``). Runs must not share the machine: run it on a quiet one.
+``--dry-run``: the tiny model on a synthetic corpus (unless ``--data``), 5 seconds of training
+each, beam 2 (the command lines and the table, checked in a minute).
 
 ``--gpu``: the GPU levers against the GPU recipe ``experiment=multi30k_en_de``, at an equal number
-of updates (``--steps``: ``trainer.max_steps``, no epoch limit; 12,000 is about the recipe's 100
-epochs), so that ``--parallel`` runs can share one GPU without changing what they learn (their
-wall times are then shared ones). The attention maps are off and val/bleu (monitoring only) is
-on 300 sentences: both cost time, not quality. ``--deadline``: after so many seconds the runs
-still training get SIGTERM, write ``last.ckpt`` and stop unscored; the same command again
-(same ``--out``) resumes them, and scores each run once it has all its updates.
+of updates (``--steps``: ``trainer.max_steps``, the recipe's 12,000 unless given), so that
+``--parallel`` runs can share one GPU without changing what they learn (their wall times are
+then shared ones). The attention maps are off and val/bleu (monitoring only) is on 300
+sentences: both cost time, not quality. ``--deadline``: after so many seconds the runs still
+training get SIGTERM, write ``last.ckpt`` and stop unscored; the same command again (same
+``--out``) resumes them, and scores each run once it has all its updates.
 """
 
 from __future__ import annotations
@@ -59,11 +60,11 @@ LEVERS: dict[str, list[str]] = {
 }
 
 
-# name -> overrides of the GPU recipe (experiment=multi30k_en_de: warmup and inverse square
-# root, dropout 0.3, bf16-mixed); the CPU recipe's choices among them.
+# name -> overrides of the GPU recipe (experiment=multi30k_en_de: 12,000 updates, warmup-stable-
+# decay, dropout 0.3, bf16-mixed); README, "The GPU recipe's levers".
 GPU_LEVERS: dict[str, list[str]] = {
     "recipe": [],
-    "wsd": ["optim=adamw_wsd"],  # warmup-stable-decay to 0 at --steps (the CPU recipe's)
+    "invsqrt": ["optim=adamw"],  # warmup, inverse square root: the recipe before 2026-11-24
     "linear": ["optim=adamw_linear"],
     "cosine": ["optim=adamw_cosine"],
     "dropout0.2": ["model.dropout=0.2"],  # the CPU recipe's
@@ -215,8 +216,9 @@ def lever_result(lever: str, state: dict, data: Path, args: argparse.Namespace) 
         "val_bleu": last_logged(run, "val/bleu"), "scores": {},
     }  # fmt: skip
     saved = run / "scores.json"
-    if saved.is_file() and json.loads(saved.read_text())["updates"] == result["updates"]:
-        result["scores"] = json.loads(saved.read_text())["scores"]
+    kept = json.loads(saved.read_text()) if saved.is_file() else {}
+    if kept and kept["updates"] == result["updates"]:
+        result["scores"] = kept["scores"]
     elif done:
         for name, ckpt in checkpoints(run).items():
             for split in SCORED:

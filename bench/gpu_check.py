@@ -7,7 +7,6 @@ Each subcommand does one small job for the shell script and prints its result:
     junit-merge OUT IN...         one JUnit XML from several pytest runs
     pytest-shards --shard F...    test files in parallel pytest processes (-- pytest options)
     run-info RUN [--log F]        a training run's state: checkpoint, csv metrics (key=value)
-    max-time [CKPT] SECONDS       trainer.max_time that gives SECONDS more training than CKPT had
     note KIND LOG                 a one-line result of a bench log for the summary table
     record-call RUN key=value...  remember one stage-3 training call (its wall time) in RUN
     recipe-metrics RUN OUT        recipe_metrics.json: training, profiles, evaluations
@@ -200,7 +199,7 @@ def run_info(run: Path, log: Path | None = None) -> dict[str, Any]:
     if last.is_file():
         ck = _load_ckpt(last)
         info["global_step"] = ck["global_step"]
-        info["epoch"] = ck["epoch"]  # epochs begun: equals max_epochs once training is complete
+        info["epoch"] = ck["epoch"]  # epochs begun
         group = ck["optimizer_states"][0]["param_groups"][0]
         info["optimizer_fused"] = group.get("fused")
         timer = ck.get("callbacks", {}).get("Timer")
@@ -235,24 +234,10 @@ def run_info(run: Path, log: Path | None = None) -> dict[str, Any]:
 
 def cmd_run_info(args: argparse.Namespace) -> None:
     info = run_info(Path(args.run), Path(args.log) if args.log else None)
-    if args.max_epochs is not None:
-        info["finished"] = info.get("epoch", -1) >= args.max_epochs
+    if args.max_steps is not None:
+        info["finished"] = info.get("global_step", -1) >= args.max_steps
     for key, value in info.items():
         print(f"{key}={value}")
-
-
-def cmd_max_time(args: argparse.Namespace) -> None:
-    """Lightning's Timer counts training time across a resume (its elapsed time is saved in the
-    checkpoint), so a resumed run needs max_time = time already trained + the new budget."""
-    elapsed = 0.0
-    if args.ckpt and args.ckpt != "-":
-        timer = _load_ckpt(Path(args.ckpt)).get("callbacks", {}).get("Timer")
-        elapsed = timer["time_elapsed"]["train"] if timer else 0.0
-    total = int(elapsed + max(args.seconds, 1))
-    days, rest = divmod(total, 86400)
-    hours, rest = divmod(rest, 3600)
-    minutes, seconds = divmod(rest, 60)
-    print(f"{days:02d}:{hours:02d}:{minutes:02d}:{seconds:02d}")
 
 
 def _table_row(log: str, first_cell: str) -> list[str] | None:
@@ -336,8 +321,8 @@ def cmd_recipe_metrics(args: argparse.Namespace) -> None:
     calls_path = run / "gpu_check_calls.json"
     calls = json.loads(calls_path.read_text()) if calls_path.is_file() else []
     info = run_info(run)
-    info["finished"] = info.get("epoch", -1) >= args.max_epochs
-    info["max_epochs"] = args.max_epochs
+    info["finished"] = info.get("global_step", -1) >= args.max_steps
+    info["max_steps"] = args.max_steps
     profile: dict[str, dict[str, float]] = {}
     for path in sorted(run.glob("fit-profile_call*.txt")):
         for action, (n, total) in parse_profile(path).items():
@@ -366,8 +351,8 @@ def cmd_recipe_metrics(args: argparse.Namespace) -> None:
             "eval_wall_seconds": float(wall.read_text()) if wall.is_file() else None,
         }  # fmt: skip
     result = {
-        "recipe": "experiment=multi30k_en_de (model=mini, 100 epochs, last 10 epochs averaged, "
-        "beam 5)",
+        "recipe": "experiment=multi30k_en_de (model=mini, 12,000 updates, warmup-stable-decay, "
+        "last 10 epochs averaged, beam 5)",
         "training": info,
         "training_calls": calls,
         "train_process_seconds_total": round(sum(c.get("seconds", 0) for c in calls), 1),
@@ -415,10 +400,7 @@ def main() -> None:
     s = sub.add_parser("run-info")
     s.add_argument("run")
     s.add_argument("--log")
-    s.add_argument("--max-epochs", type=int)
-    s = sub.add_parser("max-time")
-    s.add_argument("ckpt", help="a checkpoint to resume, or - for a fresh run")
-    s.add_argument("seconds", type=int)
+    s.add_argument("--max-steps", type=int)
     s = sub.add_parser("note")
     s.add_argument("kind", choices=["train", "decode", "attention", "eval"])
     s.add_argument("log")
@@ -428,7 +410,7 @@ def main() -> None:
     s = sub.add_parser("recipe-metrics")
     s.add_argument("run")
     s.add_argument("out")
-    s.add_argument("--max-epochs", type=int, default=100)
+    s.add_argument("--max-steps", type=int, default=12000)
     s = sub.add_parser("summary")
     s.add_argument("steps")
     s.add_argument("--out")

@@ -78,6 +78,12 @@ def test_default_is_multi30k_en_de_with_wandb(tmp_path):
     assert (cfg.data.source, cfg.data.src_lang, cfg.data.tgt_lang) == ("multi30k", "en", "de")
     assert (cfg.model.d_model, cfg.model.num_heads, cfg.model.d_ff) == (128, 4, 256)
     assert "wandb" in cfg.logger and cfg.callbacks.epoch_checkpoints.save_top_k == 10
+    # the GPU recipe: 12,000 updates, warmup-stable-decay to 0 at the last (README, "The GPU
+    # recipe's levers"), mini's dropout
+    assert (cfg.trainer.max_steps, cfg.trainer.max_epochs) == (12000, -1)
+    sched = cfg.optim.scheduler
+    assert (sched.shape, sched.warmup_steps, sched.min_lr_ratio) == ("wsd", 2000, 0)
+    assert cfg.model.dropout == 0.3
     base = compose_cfg(["model=base"], tmp_path).model
     assert (base.d_model, base.num_heads, base.num_encoder_layers, base.d_ff) == (512, 8, 6, 2048)
 
@@ -85,7 +91,7 @@ def test_default_is_multi30k_en_de_with_wandb(tmp_path):
 def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
-    assert cpu.trainer.max_epochs == -1  # the time alone ends it
+    assert cpu.trainer.max_epochs == cpu.trainer.max_steps == -1  # the time alone ends it
     assert cpu.trainer.precision == "auto"  # bf16-mixed on CPUs with bf16 instructions
     assert cpu.optim.scheduler.shape == "wsd" and cpu.optim.scheduler.min_lr_ratio == 0
     assert cpu.model == OmegaConf.merge(gpu.model, {"dropout": 0.2})  # the one model change
@@ -183,8 +189,8 @@ def test_misspelt_option_is_named():
         ),
         ("validation.decoding.beam_size=0", r"validation\.decoding\.beam_size must be >= 1"),
         ("+validation.decoding.beam=4", r"unknown option validation\.decoding\.beam;"),
-        ("trainer.max_epochs=-1", "set trainer.max_steps, trainer.max_epochs or trainer.max_time"),
-        ("trainer.max_epochs=null", "training would not end"),
+        # the GPU recipe without its budget: its schedule needs the end of training
+        ("trainer.max_steps=-1", "neither trainer.max_steps nor trainer.max_time is set"),
         (
             "+trainer.max_time=54min",
             "trainer.max_time='54min' is not a duration; write DD:HH:MM:SS",
@@ -205,8 +211,9 @@ def test_invalid_value_fails_before_data_work(override, message, tmp_path):
 @pytest.mark.parametrize("max_time", ["00:00:54:00", "{hours: 1}"])
 def test_max_time_alone_ends_training(max_epochs, max_time):
     """With no epoch or step limit, ``trainer.max_time`` is accepted as the limit; without it the
-    same config is refused (the run would not end). A real run: the CPU recipe test below."""
-    no_limit = [f"trainer.max_epochs={max_epochs}", "trainer.max_steps=-1"]
+    same config is refused (the run would not end; under the inverse square root, which needs
+    no end of training). A real run: the CPU recipe test below."""
+    no_limit = [f"trainer.max_epochs={max_epochs}", "trainer.max_steps=-1", "optim=adamw"]
     validate_config(compose_cfg([*no_limit, f"+trainer.max_time={max_time}"]))
     with pytest.raises(ConfigError, match="training would not end"):
         validate_config(compose_cfg(no_limit))
@@ -303,15 +310,19 @@ def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run,
     assert bleu["beam"] == bleu["greedy"]
 
 
-def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path):
-    """The Multi30k experiments' epoch checkpoints: the weights of the most recent N epochs."""
+def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path, caplog):
+    """The Multi30k experiments' epoch checkpoints: the weights of the most recent N epochs.
+    (4 epochs end the recipe's 12,000 updates early, before its decay: a warning says so.)"""
     overrides = [
         *tiny_overrides(corpus),  # command-line choices win over the experiment's
         "experiment=multi30k_en_de",
+        "optim=adamw_wsd",  # the recipe's (tiny_overrides picks the inverse square root)
         "trainer.max_epochs=4",
         "callbacks.epoch_checkpoints.save_top_k=2",
     ]
-    train(compose_cfg(overrides, tmp_path))
+    with caplog.at_level(logging.WARNING, logger="transformer.lit_module"):
+        train(compose_cfg(overrides, tmp_path))
+    assert "trainer.max_epochs=4 ends training after about 64 updates, before" in caplog.text
     kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
     steps_per_epoch = int(re.search(r"step(\d+)", kept[0]).group(1)) // 3
     assert kept == [f"epoch00{e}-step{(e + 1) * steps_per_epoch}.ckpt" for e in (2, 3)]

@@ -274,12 +274,32 @@ class TranslationModule(L.LightningModule):
             return optimizer
         if takes_progress(self.scheduler_factory):  # a budgeted schedule: ends with training
             scheduler = self.scheduler_factory(optimizer, progress=budget_progress(self.trainer))
+            self._warn_if_epochs_end_first()
         else:
             scheduler = self.scheduler_factory(optimizer)
         return {
             "optimizer": optimizer,
             "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
         }
+
+    def _warn_if_epochs_end_first(self) -> None:
+        """A budgeted schedule decays towards ``trainer.max_steps``; an epoch limit that ends
+        training sooner leaves the rate undecayed (e.g. ``trainer.max_epochs=4`` on the
+        12,000-update GPU recipe)."""
+        trainer = self.trainer
+        steps = trainer.max_steps
+        if steps <= 0 or trainer.max_epochs in (None, -1):
+            return
+        updates = trainer.estimated_stepping_batches  # the smaller of the two limits
+        if updates < steps:
+            log.warning(
+                "trainer.max_epochs=%d ends training after about %d updates, before "
+                "trainer.max_steps=%d, where the learning rate's decay ends: it will stop "
+                "undecayed. Set the length with trainer.max_steps (and trainer.max_epochs=-1).",
+                trainer.max_epochs,
+                updates,
+                steps,
+            )
 
     # -- validation --------------------------------------------------------------------------
 
