@@ -76,6 +76,11 @@ GPU_LEVERS: dict[str, list[str]] = {
 GPU_COMMON = ["validation.bleu_sentences=300", "~callbacks.attention_maps"]
 
 
+def lever_table(args: argparse.Namespace) -> dict[str, list[str]]:
+    """The levers of the recipe ``args`` trains: the GPU's with ``--gpu``, else the CPU's."""
+    return GPU_LEVERS if args.gpu else LEVERS
+
+
 def overrides(name: str, levers: dict[str, list[str]] = LEVERS) -> list[str]:
     """A lever's overrides of the recipe; ``invsqrt+fp32`` joins levers (the earlier recipe)."""
     return [o for part in name.split("+") for o in levers[part]]
@@ -112,7 +117,7 @@ def train_command(lever: str, data: Path, run: Path, args: argparse.Namespace) -
         f"data.root={data}", "logger=csv", f"hydra.run.dir={run}",
         "trainer.enable_progress_bar=false",
         *([*DRY_TRAIN, f"data.cache_dir={run.parent / 'cache'}"] if args.dry_run else []),
-        *overrides(lever, GPU_LEVERS if args.gpu else LEVERS),
+        *overrides(lever, lever_table(args)),
     ]  # fmt: skip
 
 
@@ -155,10 +160,9 @@ def global_step(run: Path) -> int | None:
     return torch.load(last, map_location="cpu", weights_only=True, mmap=True)["global_step"]
 
 
-def finished(run: Path, args: argparse.Namespace, returncode: int | None) -> bool:
+def finished(args: argparse.Namespace, updates: int | None, returncode: int | None) -> bool:
     """Whether a run has its whole budget: all ``--steps`` updates (GPU), else exit status 0."""
     if args.gpu:
-        updates = global_step(run)
         return updates is not None and updates >= args.steps
     return returncode == 0
 
@@ -167,7 +171,10 @@ def train_levers(levers: list[str], data: Path, args: argparse.Namespace) -> dic
     """Trains the levers whose runs lack updates, ``args.parallel`` at a time, until
     ``args.deadline`` seconds (then SIGTERM: each writes ``last.ckpt`` and stops). Each run's
     ``bench.json`` sums its training calls' wall time and keeps the last exit status."""
-    pending = [lv for lv in levers if not finished(args.out / lv, args, _state(lv, args)["rc"])]
+    pending = [
+        lv for lv in levers
+        if not finished(args, global_step(args.out / lv), _state(lv, args)["rc"])
+    ]  # fmt: skip
     running: dict[str, tuple[subprocess.Popen, float]] = {}
     start = time.monotonic()
     stopping = False
@@ -208,11 +215,12 @@ def lever_result(lever: str, state: dict, data: Path, args: argparse.Namespace) 
     """A lever's row: its training, and the scores of its checkpoints once it has finished
     (kept in ``scores.json`` with the update count: a later call scores only a changed run)."""
     run = args.out / lever
-    done = finished(run, args, state["rc"])
+    updates = global_step(run)
+    done = finished(args, updates, state["rc"])
     result: dict[str, Any] = {
-        "lever": lever, "overrides": overrides(lever, GPU_LEVERS if args.gpu else LEVERS),
+        "lever": lever, "overrides": overrides(lever, lever_table(args)),
         "returncode": state["rc"], "finished": done, "train_wall_s": state["train_wall_s"],
-        "calls": state["calls"], "updates": global_step(run),
+        "calls": state["calls"], "updates": updates,
         "val_bleu": last_logged(run, "val/bleu"), "scores": {},
     }  # fmt: skip
     saved = run / "scores.json"
@@ -264,7 +272,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--dry-run", action="store_true", help="tiny model, synthetic corpus")
     args = parser.parse_args(argv)
-    levers = GPU_LEVERS if args.gpu else LEVERS
+    levers = lever_table(args)
     if args.levers == parser.get_default("levers"):
         args.levers = ",".join(levers)
     args.levers = args.levers.split(",")

@@ -291,7 +291,7 @@ class TranslationModule(L.LightningModule):
         if steps <= 0 or trainer.max_epochs in (None, -1):
             return
         updates = trainer.estimated_stepping_batches  # the smaller of the two limits
-        if updates < steps:
+        if updates < steps and trainer.is_global_zero:  # once, not once per rank
             log.warning(
                 "trainer.max_epochs=%d ends training after about %d updates, before "
                 "trainer.max_steps=%d, where the learning rate's decay ends: it will stop "
