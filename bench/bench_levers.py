@@ -44,6 +44,9 @@ REPO = Path(__file__).resolve().parents[1]
 TEST_SETS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 SCORED = ("val", *TEST_SETS)  # val to choose by (beam 5, the whole set); the test sets to report
 
+# dropout on the attention weights and on the FFN's hidden activations (the recipes: none)
+ATTNDROP = ["model.attention_dropout=0.1", "model.activation_dropout=0.1"]
+
 # name -> overrides of the recipe; each lever alone (README, "Budgeted training").
 LEVERS: dict[str, list[str]] = {
     "recipe": [],
@@ -57,6 +60,8 @@ LEVERS: dict[str, list[str]] = {
     "dropout0.1": ["model.dropout=0.1"],
     "cooldown0.3": ["optim.scheduler.cooldown=0.3"],  # wsd's decay: the last 30% of the time
     "seed1": ["seed=1"],  # the recipe at another seed: how much a seed moves the scores
+    "attndrop0.1": ATTNDROP,
+    "ls0.2": ["loss.label_smoothing=0.2"],
 }
 
 
@@ -71,6 +76,8 @@ GPU_LEVERS: dict[str, list[str]] = {
     "ema": ["ema.decay=0.999"],
     "rdrop": ["loss.rdrop_alpha=5"],
     "seed1": ["seed=1"],
+    "attndrop0.1": ATTNDROP,
+    "ls0.2": ["loss.label_smoothing=0.2"],
 }
 # Every GPU run: cheaper validation (val/bleu is monitoring here, not the score), no maps.
 GPU_COMMON = ["validation.bleu_sentences=300", "~callbacks.attention_maps"]

@@ -5,7 +5,7 @@ checkpoints), and the GPU mode's runs side by side, stopped at a deadline and re
 from __future__ import annotations
 
 import pytest
-from omegaconf import OmegaConf
+from omegaconf import DictConfig
 
 from bench.bench_levers import (
     GPU_COMMON,
@@ -22,6 +22,20 @@ from tests.tiny import compose_cfg
 from transformer.config_checks import validate_config
 
 
+def dropouts_of(lever: str) -> set[str]:
+    """The model keys a lever changes: dropout levers their rates, the others none."""
+    if lever.startswith("dropout"):
+        return {"dropout"}
+    return {"attention_dropout", "activation_dropout"} if lever.startswith("attndrop") else set()
+
+
+def dropout_changes(recipe: DictConfig, cfg: DictConfig) -> set[str]:
+    """The model keys ``cfg`` changes, each asserted to be a dropout rate."""
+    changed = {k for k in recipe.model if cfg.model[k] != recipe.model[k]}
+    assert set(cfg.model) == set(recipe.model) and all(k.endswith("dropout") for k in changed)
+    return changed
+
+
 @pytest.mark.parametrize("lever", LEVERS)
 def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     recipe = compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
@@ -30,10 +44,10 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     assert cfg.data == recipe.data and cfg.callbacks == recipe.callbacks
     assert cfg.trainer.max_time == "00:00:54:00"
     # the model changes only under the dropout levers, and only its dropout: to the lever's value
-    assert cfg.model == OmegaConf.merge(recipe.model, {"dropout": cfg.model.dropout})
+    assert dropout_changes(recipe, cfg) == dropouts_of(lever)
     changed = lever.startswith("dropout")
-    assert (cfg.model.dropout != recipe.model.dropout) == changed
     assert not changed or cfg.model.dropout == float(lever.removeprefix("dropout"))
+    assert lever != "attndrop0.1" or cfg.model.attention_dropout == 0.1
     assert (cfg == recipe) == (lever == "recipe")
 
 
@@ -45,8 +59,7 @@ def test_each_gpu_lever_is_a_valid_change_of_the_gpu_recipe(lever, tmp_path):
     validate_config(cfg)  # the budgeted schedules need trainer.max_steps: the budget gives it
     assert "attention_maps" not in cfg.callbacks and cfg.validation.bleu_sentences == 300
     assert cfg.data == recipe.data and cfg.trainer == recipe.trainer
-    assert cfg.model == OmegaConf.merge(recipe.model, {"dropout": cfg.model.dropout})
-    assert (cfg.model.dropout != recipe.model.dropout) == lever.startswith("dropout")
+    assert dropout_changes(recipe, cfg) == dropouts_of(lever)
     assert (cfg == recipe) == (lever == "recipe")
     assert cfg.optim.scheduler.warmup_steps == 2000  # the GPU recipe's, under every schedule
 
