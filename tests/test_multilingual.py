@@ -37,8 +37,8 @@ def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path
         f"data.corpora=[{{root:'{de}'}},{{root:'{xx}',tgt_lang:xx}}]",
         "data.target_token=true",
         "data.vocab_size=72",
-        "trainer.max_steps=400",
-        "trainer.val_check_interval=400",
+        "trainer.max_steps=800",  # at 400 one thread (pytest -n) learnt en-de to 15 BLEU, two to 25
+        "trainer.val_check_interval=800",
         "trainer.check_val_every_n_epoch=null",
         "validation.bleu_sentences=null",
         "model.d_model=96",
@@ -72,4 +72,4 @@ def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path
     for own, other in (("en-de", "en-xx"), ("en-xx", "en-de")):
         own_bleu = score_translations(hyps[own], refs[own]).bleu
         other_bleu = score_translations(hyps[other], refs[own]).bleu
-        assert own_bleu > other_bleu + 8, (own, own_bleu, other_bleu)  # 25 against 11 here
+        assert own_bleu > other_bleu + 8, (own, own_bleu, other_bleu)  # 28-36 against 6-15 here
