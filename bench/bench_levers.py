@@ -60,6 +60,7 @@ LEVERS: dict[str, list[str]] = {
     "dropout0.1": ["model.dropout=0.1"],
     "cooldown0.3": ["optim.scheduler.cooldown=0.3"],  # wsd's decay: the last 30% of the time
     "seed1": ["seed=1"],  # the recipe at another seed: how much a seed moves the scores
+    "seed2": ["seed=2"],  # a third seed of the recipe
     "attndrop0.1": ATTNDROP,
     "ls0.2": ["loss.label_smoothing=0.2"],
 }
