@@ -63,6 +63,8 @@ LEVERS: dict[str, list[str]] = {
     "seed2": ["seed=2"],  # a third seed of the recipe
     "attndrop0.1": ATTNDROP,
     "ls0.2": ["loss.label_smoothing=0.2"],
+    "vocab4k": ["data.vocab_size=4000"],  # a smaller joint vocabulary (the recipe: 6000)
+    "vocab8k": ["data.vocab_size=8000"],
 }
 
 

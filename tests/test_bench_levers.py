@@ -30,8 +30,11 @@ def dropouts_of(lever: str) -> set[str]:
 
 
 def dropout_changes(recipe: DictConfig, cfg: DictConfig) -> set[str]:
-    """The model keys ``cfg`` changes, each asserted to be a dropout rate."""
-    changed = {k for k in recipe.model if cfg.model[k] != recipe.model[k]}
+    """The model keys ``cfg`` changes, each asserted to be a dropout rate (the vocabulary sizes
+    follow ``data.vocab_size``)."""
+    assert cfg.model.src_vocab_size == cfg.model.tgt_vocab_size == cfg.data.vocab_size
+    vocab = {"src_vocab_size", "tgt_vocab_size"}
+    changed = {k for k in recipe.model if k not in vocab and cfg.model[k] != recipe.model[k]}
     assert set(cfg.model) == set(recipe.model) and all(k.endswith("dropout") for k in changed)
     return changed
 
@@ -41,8 +44,11 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     recipe = compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *LEVERS[lever]], tmp_path)
     validate_config(cfg)
-    assert cfg.data == recipe.data and cfg.callbacks == recipe.callbacks
-    assert cfg.trainer.max_time == "00:00:54:00"
+    assert cfg.callbacks == recipe.callbacks and cfg.trainer.max_time == "00:00:54:00"
+    # the data changes only under the vocabulary levers, and only its vocabulary size
+    changed_data = {k for k in recipe.data if cfg.data[k] != recipe.data[k]}
+    assert changed_data == ({"vocab_size"} if lever.startswith("vocab") else set())
+    assert not changed_data or cfg.data.vocab_size == 1000 * int(lever[5:-1])
     # the model changes only under the dropout levers, and only its dropout: to the lever's value
     assert dropout_changes(recipe, cfg) == dropouts_of(lever)
     changed = lever.startswith("dropout")
