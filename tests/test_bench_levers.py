@@ -29,13 +29,18 @@ def dropouts_of(lever: str) -> set[str]:
     return {"attention_dropout", "activation_dropout"} if lever.startswith("attndrop") else set()
 
 
+def changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
+    """The keys whose values differ between two config groups, asserted to have the same keys."""
+    assert set(new) == set(old)
+    return {k for k in old if new[k] != old[k]}
+
+
 def dropout_changes(recipe: DictConfig, cfg: DictConfig) -> set[str]:
     """The model keys ``cfg`` changes, each asserted to be a dropout rate (the vocabulary sizes
     follow ``data.vocab_size``)."""
     assert cfg.model.src_vocab_size == cfg.model.tgt_vocab_size == cfg.data.vocab_size
-    vocab = {"src_vocab_size", "tgt_vocab_size"}
-    changed = {k for k in recipe.model if k not in vocab and cfg.model[k] != recipe.model[k]}
-    assert set(cfg.model) == set(recipe.model) and all(k.endswith("dropout") for k in changed)
+    changed = changed_keys(recipe.model, cfg.model) - {"src_vocab_size", "tgt_vocab_size"}
+    assert all(k.endswith("dropout") for k in changed)
     return changed
 
 
@@ -46,9 +51,10 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     validate_config(cfg)
     assert cfg.callbacks == recipe.callbacks and cfg.trainer.max_time == "00:00:54:00"
     # the data changes only under the vocabulary levers, and only its vocabulary size
-    changed_data = {k for k in recipe.data if cfg.data[k] != recipe.data[k]}
+    changed_data = changed_keys(recipe.data, cfg.data)
     assert changed_data == ({"vocab_size"} if lever.startswith("vocab") else set())
-    assert not changed_data or cfg.data.vocab_size == 1000 * int(lever[5:-1])
+    thousands = lever.removeprefix("vocab").removesuffix("k")
+    assert not changed_data or cfg.data.vocab_size == 1000 * int(thousands)
     # the model changes only under the dropout levers, and only its dropout: to the lever's value
     assert dropout_changes(recipe, cfg) == dropouts_of(lever)
     changed = lever.startswith("dropout")
