@@ -65,6 +65,10 @@ LEVERS: dict[str, list[str]] = {
     "ls0.2": ["loss.label_smoothing=0.2"],
     "vocab4k": ["data.vocab_size=4000"],  # a smaller joint vocabulary (the recipe: 6000)
     "vocab8k": ["data.vocab_size=8000"],
+    # the model's size (the recipe: model=mini, 4+4 layers, d_model 128, FFN 256); each makes fewer
+    # updates in the hour
+    "layers6": ["model.num_encoder_layers=6", "model.num_decoder_layers=6"],  # deeper: 6+6
+    "dmodel192": ["model.d_model=192", "model.d_ff=384"],  # wider: 1.5x, 48 dimensions a head
 }
 
 

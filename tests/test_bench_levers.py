@@ -21,9 +21,15 @@ from bench.bench_levers import (
 from tests.tiny import compose_cfg
 from transformer.config_checks import validate_config
 
+# the model-size levers (CPU only) -> the model keys each changes, and to what
+MODEL_SIZES = {
+    "layers6": {"num_encoder_layers": 6, "num_decoder_layers": 6},
+    "dmodel192": {"d_model": 192, "d_ff": 384},
+}
+
 
 def dropouts_of(lever: str) -> set[str]:
-    """The model keys a lever changes: dropout levers their rates, the others none."""
+    """The dropout keys a lever changes: dropout levers their rates, the others none."""
     if lever.startswith("dropout"):
         return {"dropout"}
     return {"attention_dropout", "activation_dropout"} if lever.startswith("attndrop") else set()
@@ -35,13 +41,11 @@ def changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
     return {k for k in old if new[k] != old[k]}
 
 
-def dropout_changes(recipe: DictConfig, cfg: DictConfig) -> set[str]:
-    """The model keys ``cfg`` changes, each asserted to be a dropout rate (the vocabulary sizes
-    follow ``data.vocab_size``)."""
+def model_changes(recipe: DictConfig, cfg: DictConfig) -> set[str]:
+    """The model keys ``cfg`` changes, but for the vocabulary sizes (they follow
+    ``data.vocab_size``)."""
     assert cfg.model.src_vocab_size == cfg.model.tgt_vocab_size == cfg.data.vocab_size
-    changed = changed_keys(recipe.model, cfg.model) - {"src_vocab_size", "tgt_vocab_size"}
-    assert all(k.endswith("dropout") for k in changed)
-    return changed
+    return changed_keys(recipe.model, cfg.model) - {"src_vocab_size", "tgt_vocab_size"}
 
 
 @pytest.mark.parametrize("lever", LEVERS)
@@ -55,8 +59,11 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     assert changed_data == ({"vocab_size"} if lever.startswith("vocab") else set())
     thousands = lever.removeprefix("vocab").removesuffix("k")
     assert not changed_data or cfg.data.vocab_size == 1000 * int(thousands)
-    # the model changes only under the dropout levers, and only its dropout: to the lever's value
-    assert dropout_changes(recipe, cfg) == dropouts_of(lever)
+    # the model changes only under the dropout levers (its dropout, to the lever's value) and the
+    # model-size levers (its shape, to theirs)
+    sizes = MODEL_SIZES.get(lever, {})
+    assert model_changes(recipe, cfg) == dropouts_of(lever) | set(sizes)
+    assert all(cfg.model[k] == v for k, v in sizes.items())
     changed = lever.startswith("dropout")
     assert not changed or cfg.model.dropout == float(lever.removeprefix("dropout"))
     assert lever != "attndrop0.1" or cfg.model.attention_dropout == 0.1
@@ -71,7 +78,7 @@ def test_each_gpu_lever_is_a_valid_change_of_the_gpu_recipe(lever, tmp_path):
     validate_config(cfg)  # the budgeted schedules need trainer.max_steps: the budget gives it
     assert "attention_maps" not in cfg.callbacks and cfg.validation.bleu_sentences == 300
     assert cfg.data == recipe.data and cfg.trainer == recipe.trainer
-    assert dropout_changes(recipe, cfg) == dropouts_of(lever)
+    assert model_changes(recipe, cfg) == dropouts_of(lever)
     assert (cfg == recipe) == (lever == "recipe")
     assert cfg.optim.scheduler.warmup_steps == 2000  # the GPU recipe's, under every schedule
 
