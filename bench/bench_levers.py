@@ -69,6 +69,10 @@ LEVERS: dict[str, list[str]] = {
     # updates in the hour
     "layers6": ["model.num_encoder_layers=6", "model.num_decoder_layers=6"],  # deeper: 6+6
     "dmodel192": ["model.d_model=192", "model.d_ff=384"],  # wider: 1.5x, 48 dimensions a head
+    # the peak learning rate (the recipe: 5e-3, held for wsd's first 80% of the time), halved and
+    # doubled
+    "lr2.5e-3": ["optim.optimizer.lr=2.5e-3"],
+    "lr1e-2": ["optim.optimizer.lr=1.0e-2"],
 }
 
 

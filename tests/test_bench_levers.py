@@ -67,6 +67,13 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     changed = lever.startswith("dropout")
     assert not changed or cfg.model.dropout == float(lever.removeprefix("dropout"))
     assert lever != "attndrop0.1" or cfg.model.attention_dropout == 0.1
+    # a learning-rate lever changes the peak rate alone, to its value; the schedule levers the
+    # schedule; the others neither
+    peak = changed_keys(recipe.optim.optimizer, cfg.optim.optimizer)
+    assert peak == ({"lr"} if lever.startswith("lr") else set())
+    assert not peak or cfg.optim.optimizer.lr == float(lever.removeprefix("lr"))
+    schedules = ("invsqrt", "cosine", "linear", "cooldown0.3")
+    assert (cfg.optim.scheduler != recipe.optim.scheduler) == (lever in schedules)
     assert (cfg == recipe) == (lever == "recipe")
 
 
