@@ -310,9 +310,10 @@ def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run,
     assert bleu["beam"] == bleu["greedy"]
 
 
-def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path, caplog):
+def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path, caplog, recwarn):
     """The Multi30k experiments' epoch checkpoints: the weights of the most recent N epochs.
-    (4 epochs end the recipe's 12,000 updates early, before its decay: a warning says so.)"""
+    (4 epochs end the recipe's 12,000 updates early, before its decay: a warning says so.) A new
+    run directory gets no warning of a non-empty checkpoint directory."""
     overrides = [
         *tiny_overrides(corpus),  # command-line choices win over the experiment's
         "experiment=multi30k_en_de",
@@ -323,6 +324,7 @@ def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="transformer.lit_module"):
         train(compose_cfg(overrides, tmp_path))
     assert "trainer.max_epochs=4 ends training after about 64 updates, before" in caplog.text
+    assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
     kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
     steps_per_epoch = int(re.search(r"step(\d+)", kept[0]).group(1)) // 3
     assert kept == [f"epoch00{e}-step{(e + 1) * steps_per_epoch}.ckpt" for e in (2, 3)]

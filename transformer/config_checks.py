@@ -200,9 +200,12 @@ def output_dirs(cfg: DictConfig) -> dict[str, Path]:
 
 
 def check_writable(dirs: dict[str, Path]) -> None:
-    """Create each directory and write a probe file there: an unwritable output directory fails
-    now, not at the first checkpoint an hour into training."""
+    """Write a probe file in each directory: an unwritable output directory fails now, not at the
+    first checkpoint an hour into training. The directories created for the probe are removed
+    again: Lightning warns of a checkpoint directory that "exists and is not empty" (an earlier
+    run's), and an empty ``checkpoints/epochs`` of this run would set it off."""
     for option, path in dirs.items():
+        created = [p for p in (path, *path.parents) if not p.exists()]  # deepest first
         try:
             path.mkdir(parents=True, exist_ok=True)
             with tempfile.TemporaryFile(dir=path):
@@ -212,6 +215,8 @@ def check_writable(dirs: dict[str, Path]) -> None:
                 f"{option}={path} is not a writable directory ({err.strerror}); choose another, "
                 "e.g. hydra.run.dir=DIR"
             ) from err
+        for p in created:
+            p.rmdir()
 
 
 def check_data_root(data: DictConfig) -> None:
