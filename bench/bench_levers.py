@@ -73,6 +73,8 @@ LEVERS: dict[str, list[str]] = {
     # doubled
     "lr2.5e-3": ["optim.optimizer.lr=2.5e-3"],
     "lr1e-2": ["optim.optimizer.lr=1.0e-2"],
+    # half the recipe's 4096-token batches: twice the updates for the same tokens, each noisier
+    "tokens2048": ["data.max_tokens=2048"],
 }
 
 

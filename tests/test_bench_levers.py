@@ -26,6 +26,12 @@ MODEL_SIZES = {
     "layers6": {"num_encoder_layers": 6, "num_decoder_layers": 6},
     "dmodel192": {"d_model": 192, "d_ff": 384},
 }
+# the data levers' changes: the joint vocabulary's size, the batch's token budget
+DATA_CHANGES = {
+    "vocab4k": {"vocab_size": 4000},
+    "vocab8k": {"vocab_size": 8000},
+    "tokens2048": {"max_tokens": 2048},
+}
 
 
 def dropouts_of(lever: str) -> set[str]:
@@ -54,11 +60,10 @@ def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *LEVERS[lever]], tmp_path)
     validate_config(cfg)
     assert cfg.callbacks == recipe.callbacks and cfg.trainer.max_time == "00:00:54:00"
-    # the data changes only under the vocabulary levers, and only its vocabulary size
-    changed_data = changed_keys(recipe.data, cfg.data)
-    assert changed_data == ({"vocab_size"} if lever.startswith("vocab") else set())
-    thousands = lever.removeprefix("vocab").removesuffix("k")
-    assert not changed_data or cfg.data.vocab_size == 1000 * int(thousands)
+    # the data changes only under the data levers, only the key each names, to its value
+    data = DATA_CHANGES.get(lever, {})
+    assert changed_keys(recipe.data, cfg.data) == set(data)
+    assert all(cfg.data[k] == v for k, v in data.items())
     # the model changes only under the dropout levers (its dropout, to the lever's value) and the
     # model-size levers (its shape, to theirs)
     sizes = MODEL_SIZES.get(lever, {})
