@@ -64,7 +64,7 @@ class LastCheckpoint(Checkpoint):
             or (self.nonfinite is not None and self.nonfinite.count())  # keep the last good one
         ):
             return
-        trainer.save_checkpoint(self.path)
+        trainer.save_checkpoint(self.path, weights_only=False)  # all a resume needs
         self._saved_step = trainer.global_step
 
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
