@@ -25,8 +25,9 @@ import torch
 from transformer.atomic import atomic_save
 from transformer.config import TransformerConfig
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, UserError
 from transformer.model import Transformer
+from transformer.outputs import check_output_file
 
 log = logging.getLogger(__name__)
 
@@ -260,10 +261,15 @@ def main(argv: Sequence[str] | None = None) -> None:
     )
     parser.add_argument("output", help="path of the averaged checkpoint to write")
     parser.add_argument("inputs", nargs="+", help="checkpoints of one training run")
+    parser.add_argument("--force", action="store_true", help="replace an existing output")
     args = parser.parse_args(argv)
     try:
+        check_output_file(
+            args.output, args.inputs, args.force, "output",
+            " (the first argument is the file written, the checkpoints to average follow it)",
+        )  # fmt: skip
         averaged = average_checkpoints(args.inputs)
-    except CheckpointError as err:
+    except UserError as err:
         parser.exit(2, f"error: {err}\n")
     atomic_save(averaged, args.output)  # a reader never sees a half-written file
     logging.basicConfig(level=logging.INFO, format="%(message)s")

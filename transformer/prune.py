@@ -36,6 +36,7 @@ from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.model import Transformer
 from transformer.optim import param_groups
+from transformer.outputs import check_output_file
 from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -300,9 +301,11 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--split", default="val", help="split scored for --share (default val)")
     parser.add_argument("--sentences", type=int, default=200, help="its first N pairs (200)")
     parser.add_argument("--data-root", help="the corpus folder, where it moved since training")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
+        check_output_file(args.output, [args.checkpoint], args.force, "OUT")
         ckpt = load_checkpoint(args.checkpoint)
         if args.heads is not None:
             heads = parse_heads(args.heads)

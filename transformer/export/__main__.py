@@ -29,13 +29,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         "--quantization", choices=QUANTIZATIONS, default="float32",
         help="the weights' type in the model (default: float32)",
     )  # fmt: skip
-    ct2.add_argument("--force", action="store_true", help="replace a non-empty OUT_DIR")
+    ct2.add_argument(
+        "--force", action="store_true", help="replace an OUT_DIR that an earlier export wrote"
+    )
     args = parser.parse_args(argv)
     try:
         out = export_ct2(args.checkpoints, args.out_dir, args.quantization, args.force)
     except UserError as err:
         sys.exit(f"error: {err}")
-    print(f"wrote {out} ({args.quantization}); see {out}/README.md")
+    print(f"wrote {out} ({args.quantization}); see {out}/README.md", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -20,8 +20,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
-import tempfile
 from collections.abc import Sequence
 from dataclasses import asdict, fields
 from pathlib import Path
@@ -40,6 +38,7 @@ from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
 from transformer.model import ATTENTION_TYPES, Transformer
+from transformer.outputs import check_output_directory, replace_directory
 from transformer.prune import restore_heads
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
@@ -178,10 +177,9 @@ def export_ct2(
 ) -> Path:
     """Write the CTranslate2 model of ``paths`` (one checkpoint, or several averaged as
     ``evaluate.py`` averages them) to ``out_dir``; the directory appears complete or not at all.
-    An existing non-empty ``out_dir`` is replaced only with ``force``."""
-    out_dir = Path(out_dir)
-    if out_dir.exists() and (not out_dir.is_dir() or any(out_dir.iterdir())) and not force:
-        raise ConfigError(f"{out_dir} exists and is not empty; choose another OUT_DIR or --force")
+    An existing non-empty ``out_dir`` is replaced only with ``force``, and only if it is an earlier
+    export (:func:`transformer.outputs.check_output_directory`)."""
+    check_output_directory(out_dir, paths, force, "OUT_DIR", INFO_FILE)
     check_quantization(quantization)
     ckpt = load_or_average(paths)
     tokenizers = tokenizers_from_checkpoint(ckpt, paths[0])
@@ -189,9 +187,7 @@ def export_ct2(
     vocabs = [tok.pieces(range(tok.vocab_size)) for tok in tokenizers]
     spec = transformer_spec(model, *vocabs)
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.", dir=out_dir.parent))
-    try:
+    def write(tmp: Path) -> None:
         save_spec(spec, tmp, quantization)
         for side, tok in zip(("src", "tgt"), tokenizers, strict=True):
             (tmp / SPM_FILES[side]).write_bytes(tok.to_bytes())
@@ -206,12 +202,9 @@ def export_ct2(
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
         targets = target_tokens(info["data"])
         (tmp / "README.md").write_text(usage(model.cfg.max_positions, DecodeOptions(), targets))
-        if out_dir.exists():
-            shutil.rmtree(out_dir) if out_dir.is_dir() else out_dir.unlink()
-        os.replace(tmp, out_dir)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-    return out_dir
+
+    replace_directory(out_dir, write)
+    return Path(out_dir)
 
 
 def target_tokens(data: dict) -> list[str]:
