@@ -4,6 +4,7 @@
 given translations. See the README's Evaluation section.
 """
 
+import contextlib
 import shutil
 import sys
 
@@ -22,8 +23,9 @@ def _print_file(path: str) -> None:
 
 @hydra.main(version_base="1.3", config_path="configs", config_name="evaluate")
 def main(cfg: DictConfig) -> None:
-    try:
-        result = evaluate(cfg)
+    try:  # stdout holds the results alone: what else prints while evaluating goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            result = evaluate(cfg)
     except UserError as err:  # bad options, checkpoints or data: the message says what to fix
         sys.exit(f"error: {err}")
     if "analysis" in result:

@@ -12,13 +12,17 @@ from __future__ import annotations
 import glob
 import json
 import logging
+import os
 import time
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from transformer import run_dir
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
@@ -28,13 +32,14 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.data.datamodule import TranslationDataModule
-from transformer.data.text_files import count_lines, read_line_chunks
+from transformer.data.text_files import count_lines, iter_line_blocks, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
-from transformer.streaming import append_chunks, resume
+from transformer.outputs import same_file
+from transformer.streaming import append_chunks, whole_items
 from transformer.translate import Translator, output_lines
 
 log = logging.getLogger(__name__)
@@ -137,7 +142,7 @@ def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
 def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) -> None:
     """The options that choose what evaluate does, checked together before any work."""
     engine = cfg.get("engine", "torch")
-    for name in ("ensemble", "score"):
+    for name in ("ensemble", "score", "force"):
         if not isinstance(cfg[name], bool):
             raise ConfigError(f"{name} must be true or false, got {cfg[name]!r}")
     chunk = cfg.input_chunk
@@ -171,30 +176,76 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         raise ConfigError(f"input={cfg.input}: no such file")
 
 
-def _output(cfg: DictConfig, out_dir: Path, default: str, lines_per_item: int) -> tuple[Path, int]:
+def _check_outputs(cfg: DictConfig, out_dir: Path, checkpoints: list[str]) -> None:
+    """Before any work: ``output`` is neither the input nor a checkpoint nor a directory; the run
+    directory holds no earlier evaluation's results (``force=true``: they are deleted, so that a
+    failure leaves none that would pass for this run's)."""
+    if cfg.output is not None:
+        output = str(cfg.output)
+        inputs = [*([] if cfg.input in (None, "-") else [str(cfg.input)]), *checkpoints]
+        for given in inputs:
+            if same_file(output, given):
+                raise ConfigError(
+                    f"output={output} is {given}, an input of this run, which writing it would "
+                    "destroy; give output= a new file"
+                )
+        if Path(output).is_dir():
+            raise ConfigError(f"output={output} is a directory; give output= a file")
+    for path in run_dir.check_evaluation_run(cfg, out_dir):
+        if path.name in run_dir.EVALUATION_RESULTS:
+            path.unlink()
+
+
+def _output(
+    cfg: DictConfig,
+    out_dir: Path,
+    default: str,
+    lines_per_item: int,
+    count: Callable[[], int | None],
+    origin: str,
+) -> tuple[Path, int]:
     """Where a file's results go (``output``, or ``default`` in the run directory) and how many
-    items it already holds (resumed with ``output`` only; the run directory's starts empty)."""
+    items it already holds. An ``output`` is resumed after its whole items (``force=true``: none,
+    it is emptied) once they are checked against the input's count (``count()``, None where the
+    input cannot be read again: stdin): an output holding more, or one that cannot be checked,
+    is refused unchanged."""
     if cfg.output is None:
         return out_dir / default, 0
     path = Path(str(cfg.output))
     path.parent.mkdir(parents=True, exist_ok=True)
-    done = resume(path, lines_per_item)
+    if cfg.force:
+        path.write_bytes(b"")
+        return path, 0
+    done, size = whole_items(path, lines_per_item)
     if done:
+        total = count()
+        if total is None:
+            raise ConfigError(
+                f"output={cfg.output} holds the results of {done} lines; resuming would skip the "
+                f"first {done} lines of {origin} (standard input, which cannot be read again to "
+                "check them): give the input as input=FILE, or force=true to start output= again"
+            )
+        if done > total:
+            raise ConfigError(
+                f"output={cfg.output} holds results for {done} lines but {origin} has {total}: it "
+                "belongs to another input; delete it, choose another output=, or force=true to "
+                "replace it"
+            )
         log.info("%s holds the results of %d lines: resuming at line %d", path, done, done + 1)
+    if path.exists():
+        os.truncate(path, size)  # a write cut short
     return path, done
 
 
-def _input_lines(cfg: DictConfig, done: int) -> tuple[Any, int | None]:
-    """``input``'s chunks from line ``done`` on, and its line count where it is known; an output
-    holding more lines than the input is refused."""
-    source = str(cfg.input)
+def _line_count(source: str, read_through: bool) -> int | None:
+    """``input``'s lines: a plain file's counted; a gzipped one's only when ``read_through`` (it
+    is decompressed for it); None for standard input."""
+    if source == "-":
+        return None
     total = count_lines(source)
-    if total is not None and done > total:
-        raise ConfigError(
-            f"output={cfg.output} holds results for {done} lines but input={source} has {total}: "
-            "it belongs to another input; delete it or choose another output="
-        )
-    return read_line_chunks(source, cfg.input_chunk, skip=done), total
+    if total is None and read_through:
+        total = sum(len(block) for block in iter_line_blocks(source))
+    return total
 
 
 def _translate_file(
@@ -205,8 +256,11 @@ def _translate_file(
     out_dir: Path,
 ) -> dict[str, Any]:
     """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
-    path, done = _output(cfg, out_dir, "hypotheses.txt", options.nbest)
-    chunks, total = _input_lines(cfg, done)
+    source = str(cfg.input)
+    count = partial(_line_count, source, read_through=True)
+    path, done = _output(cfg, out_dir, "hypotheses.txt", options.nbest, count, f"input={source}")
+    chunks = read_line_chunks(source, cfg.input_chunk, skip=done)
+    total = _line_count(source, read_through=False)  # for the progress bar
 
     def translate(lines: list[str], first: int) -> list[str]:
         return output_lines(translator.translate(lines, options, max_tokens, first), options)
@@ -225,11 +279,14 @@ def _score_pairs(
 ) -> dict[str, Any]:
     """score=true: the forced score of each pair of the split (or of input=FILE's
     ``source<TAB>target`` lines), one line each."""
-    path, done = _output(cfg, out_dir, "scores.txt", 1)
     len_penalty, per_token = float(cfg.scoring.len_penalty), cfg.scoring.per_token
     if cfg.input is not None:
-        lines, total = _input_lines(cfg, done)
-        chunks = ((first, _pairs(chunk, first, str(cfg.input))) for first, chunk in lines)
+        source = str(cfg.input)
+        count = partial(_line_count, source, read_through=True)
+        path, done = _output(cfg, out_dir, "scores.txt", 1, count, f"input={source}")
+        lines = read_line_chunks(source, cfg.input_chunk, skip=done)
+        chunks = ((first, _pairs(chunk, first, source)) for first, chunk in lines)
+        total = _line_count(source, read_through=False)
     else:
         datamodule = _datamodule(ckpt, cfg.data, paths[0])
         texts = (
@@ -238,6 +295,7 @@ def _score_pairs(
         )
         pairs = list(zip(*texts, strict=True))
         step, total = cfg.input_chunk, len(pairs)
+        path, done = _output(cfg, out_dir, "scores.txt", 1, lambda: total, f"split={cfg.split}")
         chunks = ((i, pairs[i : i + step]) for i in range(done, total, step))
 
     def score(items: list[tuple[str, str]], first: int) -> list[str]:
@@ -307,10 +365,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     device = _device(cfg.device)
     dtype = _dtype(cfg.dtype, device)
     out_dir = Path(cfg.paths.output_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
-        (out_dir / name).unlink(missing_ok=True)
     engine = cfg.get("engine", "torch")
+    inputs = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
+    _check_outputs(cfg, out_dir, inputs)
+    out_dir.mkdir(parents=True, exist_ok=True)
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
     elif engine == "torch":

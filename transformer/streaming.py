@@ -4,8 +4,8 @@
 Each input line (an item) gives a fixed number of output lines. A chunk's lines go to the output
 file in one write, flushed and fsynced before the next chunk is read, so a kill leaves the chunks
 before it whole and at most a part of one. The rule on resuming: the output holds the first
-``complete lines // lines per item`` items; anything after them (a write cut short) is truncated
-away, and the input resumes at the next item.
+``complete lines // lines per item`` items (:func:`whole_items`); anything after them (a write cut
+short) is truncated away, and the input resumes at the next item.
 """
 
 from __future__ import annotations
@@ -20,10 +20,11 @@ from tqdm import tqdm
 Item = TypeVar("Item")
 
 
-def resume(path: Path, lines_per_item: int) -> int:
-    """The items ``path`` holds whole (0 when it does not exist), the rest truncated away."""
+def whole_items(path: Path, lines_per_item: int) -> tuple[int, int]:
+    """(the items ``path`` holds whole, the bytes they take); (0, 0) when it does not exist. The
+    caller truncates the file to those bytes to resume after them."""
     if not path.exists():
-        return 0
+        return 0, 0
     lines, whole = 0, 0  # complete lines; bytes up to the end of the last whole item
     with open(path, "rb") as f:
         offset = 0
@@ -33,8 +34,7 @@ def resume(path: Path, lines_per_item: int) -> int:
             offset, lines = offset + len(line), lines + 1
             if lines % lines_per_item == 0:
                 whole = offset
-    os.truncate(path, whole)
-    return lines // lines_per_item
+    return lines // lines_per_item, whole
 
 
 def append_chunks(

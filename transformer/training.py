@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
+from transformer import run_dir
 from transformer.atomic import AtomicCheckpointIO
 from transformer.callbacks import WeightEMA
 from transformer.checkpoints import read_model_config, read_tokenizer_models
@@ -142,6 +144,35 @@ def adopt_pruned_heads(cfg: DictConfig) -> None:
     log.info("%s is pruned: model.heads_per_layer=%s", cfg.ckpt_path, stored)
 
 
+def fit(
+    cfg: DictConfig,
+    trainer: L.Trainer,
+    module: TranslationModule,
+    datamodule: L.LightningDataModule,
+) -> None:
+    """Log the config to the loggers and fit, from ``cfg.ckpt_path`` when it is set."""
+    flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
+    flat["model.num_parameters"] = module.model.num_parameters()
+    for lg in trainer.loggers:
+        lg.log_hyperparams(flat)
+
+    try:
+        with warnings.catch_warnings():
+            # Lightning's warning for a checkpoint taken inside an epoch, whose loader has no
+            # state_dict: the datamodule holds the sampler's position and resumes it exactly
+            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
+            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
+    finally:
+        if any(type(lg).__name__.endswith("WandbLogger") for lg in trainer.loggers):
+            import wandb
+
+            wandb.finish()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            # Lightning leaves a gloo group (CPU DDP) to the interpreter's exit, where its threads
+            # can abort the process ("terminate called without an active exception")
+            torch.distributed.destroy_process_group()
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
     model_cfg = checks.validate_config(cfg)  # before any data work
@@ -205,26 +236,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # no checkpoint is ever left half-written
         plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],
     )
-    flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
-    flat["model.num_parameters"] = module.model.num_parameters()
-    for lg in trainer.loggers:
-        lg.log_hyperparams(flat)
-
-    try:
-        with warnings.catch_warnings():
-            # Lightning's warning for a checkpoint taken inside an epoch, whose loader has no
-            # state_dict: the datamodule holds the sampler's position and resumes it exactly
-            warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
-            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.get("ckpt_path"))
-    finally:
-        if any(type(lg).__name__.endswith("WandbLogger") for lg in loggers):
-            import wandb
-
-            wandb.finish()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            # Lightning leaves a gloo group (CPU DDP) to the interpreter's exit, where its threads
-            # can abort the process ("terminate called without an active exception")
-            torch.distributed.destroy_process_group()
+    # by rank 0 (the other ranks' processes share its directory)
+    with run_dir.claim_training_run(cfg) if trainer.is_global_zero else nullcontext():
+        fit(cfg, trainer, module, datamodule)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:
         log.info("finished at step %d: %s", trainer.global_step, metrics)

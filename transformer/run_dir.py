@@ -1,0 +1,173 @@
+"""The run directory (``hydra.run.dir``) of ``train.py`` and ``evaluate.py``: a run never replaces
+another run's results there without ``force=true``.
+
+- A new training run refuses a directory whose checkpoint folders hold checkpoints (a resumed
+  one, those of a run other than the one it resumes); ``force=true`` deletes them first. While
+  a run trains, it holds a lock on its run directory: a second run started there meanwhile
+  refuses too (its checkpoints are not written yet).
+- An evaluation refuses a run directory that holds results of the kind it writes
+  (``hypotheses.txt``, ``metrics.json``, ``scores.txt``; an analysis's files); ``force=true``
+  replaces them.
+
+The command-line entry points check in a Hydra callback (:class:`RunDirectoryCheck`, in
+``configs/hydra/default.yaml`` and ``configs/evaluate.yaml``) before Hydra writes its record
+(``.hydra/``) and log there; :func:`transformer.training.train` and
+:func:`transformer.evaluation.evaluate` check again for their callers.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import fcntl
+import logging
+import os
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, open_dict, read_write
+
+from transformer.errors import ConfigError
+
+log = logging.getLogger(__name__)
+
+EVALUATION_RESULTS = ("hypotheses.txt", "metrics.json", "scores.txt")
+ANALYSIS_RESULTS = {"heads": ("heads.json", "heads.md"), "maps": ("attention",)}
+
+
+def checkpoint_dirs(cfg: DictConfig) -> list[Path]:
+    """The folders this run's checkpoint callbacks write to (``callbacks.*.dirpath``)."""
+    dirs = [
+        Path(c.dirpath) for c in (cfg.get("callbacks") or {}).values() if c and c.get("dirpath")
+    ]
+    return list(dict.fromkeys(d.resolve() for d in dirs))
+
+
+def _inside(path: Path, dirs: list[Path]) -> bool:
+    path = path.resolve()
+    return any(d in path.parents for d in dirs)
+
+
+def earlier_checkpoints(cfg: DictConfig) -> list[Path]:
+    """The checkpoints of another run in this run's checkpoint folders: all of them for a new run,
+    none for a run resumed from one of them (it continues that run)."""
+    dirs = checkpoint_dirs(cfg)
+    resumed = cfg.get("ckpt_path")
+    if resumed and _inside(Path(str(resumed)), dirs):
+        return []
+    return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.ckpt"))
+
+
+def check_training_run(cfg: DictConfig) -> list[Path]:
+    """A :class:`ConfigError` if the run would replace another run's checkpoints, unless
+    ``force=true``; returns those it would replace."""
+    force = cfg.get("force", False)
+    if not isinstance(force, bool):
+        raise ConfigError(f"force must be true or false, got {force!r}")
+    found = earlier_checkpoints(cfg)
+    if not found or force:
+        return found
+    found.sort(key=lambda p: (p.name != "last.ckpt", p))  # last.ckpt first: the one to resume
+    folder = found[0].parent
+    names = [os.path.relpath(p, folder) for p in found]
+    held = ", ".join(names[:3]) + (f" and {len(names) - 3} more" if len(names) > 3 else "")
+    resumed = cfg.get("ckpt_path")
+    if resumed:
+        raise ConfigError(
+            f"{folder} holds another run's checkpoints ({held}), not ckpt_path={resumed} that this "
+            "run resumes; give this run another directory (hydra.run.dir=DIR), or force=true to "
+            "delete them first"
+        )
+    raise ConfigError(
+        f"{folder} holds the checkpoints of an earlier run ({held}), which a new run would "
+        f"replace; resume that run with ckpt_path={found[0]}, give "
+        "this one another directory (hydra.run.dir=DIR, or none for a new one), or force=true to "
+        "delete them first"
+    )
+
+
+@contextlib.contextmanager
+def _locked(run_dir: Path) -> Iterator[None]:
+    """The run directory's lock, held until the block ends (or the process does); another run
+    holding it is a :class:`ConfigError`. A file system without locks skips it."""
+    fd = os.open(run_dir, os.O_RDONLY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise ConfigError(
+                f"another run is training in {run_dir} now (it holds the directory's lock); "
+                "wait for it to end, or give this run another directory (hydra.run.dir=DIR)"
+            ) from None
+        except OSError as err:  # the checkpoint checks still hold
+            log.debug("no lock on %s: %s", run_dir, err)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
+
+
+@contextlib.contextmanager
+def claim_training_run(cfg: DictConfig) -> Iterator[None]:
+    """Hold the run directory's lock while training (rank 0 only): a second run there refuses.
+    Under the lock the checkpoints are checked again and, with ``force=true``, deleted."""
+    run_dir = Path(cfg.paths.output_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with _locked(run_dir):
+        for path in check_training_run(cfg):
+            log.warning("force=true: deleting %s, an earlier run's checkpoint", path)
+            path.unlink()
+        yield
+
+
+def earlier_results(cfg: DictConfig, out_dir: Path) -> list[Path]:
+    """What an evaluation (the kind ``cfg`` asks for) would replace in its run directory."""
+    names = (*EVALUATION_RESULTS, *ANALYSIS_RESULTS.get(cfg.get("analysis"), ()))
+    return [out_dir / name for name in names if (out_dir / name).exists()]
+
+
+def check_evaluation_run(cfg: DictConfig, out_dir: Path) -> list[Path]:
+    """A :class:`ConfigError` if the evaluation would replace earlier results in its run
+    directory, unless ``force=true``; returns those it would replace."""
+    found = earlier_results(cfg, out_dir)
+    if found and not cfg.get("force"):
+        raise ConfigError(
+            f"{out_dir} holds the results of an earlier evaluation "
+            f"({', '.join(p.name for p in found)}); give this one another directory "
+            "(hydra.run.dir=DIR, or none for a new one), or force=true to replace them"
+        )
+    return found
+
+
+# set to a rank other than 0 in the processes that Lightning's DDP, torchrun or SLURM start
+RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+
+
+class RunDirectoryCheck(Callback):
+    """Hydra callback: the run directory checks above, before Hydra writes to the directory; a
+    refusal is one ``error:`` line and exit status 1."""
+
+    def __init__(self, command: str) -> None:
+        if command not in ("train", "evaluate"):
+            raise ValueError(f"command={command!r}: train or evaluate")
+        self.command = command
+
+    def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
+        if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
+            return  # a process that DDP started after the first, in its run directory
+        probe = copy.deepcopy(config)  # paths.output_dir names Hydra's, not set until the job
+        out_dir = Path(str(config.hydra.run.dir)).absolute()
+        with read_write(probe), open_dict(probe):
+            probe.paths.output_dir = str(out_dir)
+        try:
+            if self.command == "evaluate":
+                check_evaluation_run(probe, out_dir)
+                return
+            if out_dir.is_dir():
+                with _locked(out_dir):
+                    pass
+            check_training_run(probe)
+        except ConfigError as err:
+            sys.exit(f"error: {err}")
