@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from transformer import run_dir
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
@@ -176,10 +175,8 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         raise ConfigError(f"input={cfg.input}: no such file")
 
 
-def _check_outputs(cfg: DictConfig, out_dir: Path, checkpoints: list[str]) -> None:
-    """Before any work: ``output`` is neither the input nor a checkpoint nor a directory; the run
-    directory holds no earlier evaluation's results (``force=true``: they are deleted, so that a
-    failure leaves none that would pass for this run's)."""
+def _check_outputs(cfg: DictConfig, checkpoints: list[str]) -> None:
+    """Before any work: ``output`` is neither the input nor a checkpoint nor a directory."""
     if cfg.output is not None:
         output = str(cfg.output)
         inputs = [*([] if cfg.input in (None, "-") else [str(cfg.input)]), *checkpoints]
@@ -191,9 +188,6 @@ def _check_outputs(cfg: DictConfig, out_dir: Path, checkpoints: list[str]) -> No
                 )
         if Path(output).is_dir():
             raise ConfigError(f"output={output} is a directory; give output= a file")
-    for path in run_dir.check_evaluation_run(cfg, out_dir):
-        if path.name in run_dir.EVALUATION_RESULTS:
-            path.unlink()
 
 
 def _output(
@@ -366,9 +360,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     dtype = _dtype(cfg.dtype, device)
     out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
-    inputs = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
-    _check_outputs(cfg, out_dir, inputs)
+    checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
+    _check_outputs(cfg, checkpoints)
     out_dir.mkdir(parents=True, exist_ok=True)
+    for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
+        (out_dir / name).unlink(missing_ok=True)
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
     elif engine == "torch":

@@ -1,18 +1,12 @@
-"""The run directory (``hydra.run.dir``) of ``train.py`` and ``evaluate.py``: a run never replaces
-another run's results there without ``force=true``.
+"""The run directory (``hydra.run.dir``) of ``train.py``: a run never replaces another run's
+checkpoints there without ``force=true``.
 
-- A new training run refuses a directory whose checkpoint folders hold checkpoints (a resumed
-  one, those of a run other than the one it resumes); ``force=true`` deletes them first. While
-  a run trains, it holds a lock on its run directory: a second run started there meanwhile
-  refuses too (its checkpoints are not written yet).
-- An evaluation refuses a run directory that holds results of the kind it writes
-  (``hypotheses.txt``, ``metrics.json``, ``scores.txt``; an analysis's files); ``force=true``
-  replaces them.
-
-The command-line entry points check in a Hydra callback (:class:`RunDirectoryCheck`, in
-``configs/hydra/default.yaml`` and ``configs/evaluate.yaml``) before Hydra writes its record
-(``.hydra/``) and log there; :func:`transformer.training.train` and
-:func:`transformer.evaluation.evaluate` check again for their callers.
+A new run refuses a directory whose checkpoint folders hold checkpoints (a resumed one, those of
+a run other than the one it resumes); ``force=true`` deletes them first. While a run trains, it
+holds a lock on its run directory: a second run started there meanwhile refuses too (no
+checkpoint is written yet). ``train.py`` checks in a Hydra callback (:class:`RunDirectoryCheck`,
+``configs/hydra/default.yaml``) before Hydra writes its record (``.hydra/``) and log there;
+:func:`transformer.training.train` checks again, under the lock, for its callers.
 """
 
 from __future__ import annotations
@@ -33,9 +27,6 @@ from omegaconf import DictConfig, open_dict, read_write
 from transformer.errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-EVALUATION_RESULTS = ("hypotheses.txt", "metrics.json", "scores.txt")
-ANALYSIS_RESULTS = {"heads": ("heads.json", "heads.md"), "maps": ("attention",)}
 
 
 def checkpoint_dirs(cfg: DictConfig) -> list[Path]:
@@ -122,37 +113,13 @@ def claim_training_run(cfg: DictConfig) -> Iterator[None]:
         yield
 
 
-def earlier_results(cfg: DictConfig, out_dir: Path) -> list[Path]:
-    """What an evaluation (the kind ``cfg`` asks for) would replace in its run directory."""
-    names = (*EVALUATION_RESULTS, *ANALYSIS_RESULTS.get(cfg.get("analysis"), ()))
-    return [out_dir / name for name in names if (out_dir / name).exists()]
-
-
-def check_evaluation_run(cfg: DictConfig, out_dir: Path) -> list[Path]:
-    """A :class:`ConfigError` if the evaluation would replace earlier results in its run
-    directory, unless ``force=true``; returns those it would replace."""
-    found = earlier_results(cfg, out_dir)
-    if found and not cfg.get("force"):
-        raise ConfigError(
-            f"{out_dir} holds the results of an earlier evaluation "
-            f"({', '.join(p.name for p in found)}); give this one another directory "
-            "(hydra.run.dir=DIR, or none for a new one), or force=true to replace them"
-        )
-    return found
-
-
 # set to a rank other than 0 in the processes that Lightning's DDP, torchrun or SLURM start
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
 
 
 class RunDirectoryCheck(Callback):
-    """Hydra callback: the run directory checks above, before Hydra writes to the directory; a
-    refusal is one ``error:`` line and exit status 1."""
-
-    def __init__(self, command: str) -> None:
-        if command not in ("train", "evaluate"):
-            raise ValueError(f"command={command!r}: train or evaluate")
-        self.command = command
+    """Hydra callback: the checks above before Hydra writes to the run directory; a refusal is
+    one ``error:`` line and exit status 1."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
@@ -162,9 +129,6 @@ class RunDirectoryCheck(Callback):
         with read_write(probe), open_dict(probe):
             probe.paths.output_dir = str(out_dir)
         try:
-            if self.command == "evaluate":
-                check_evaluation_run(probe, out_dir)
-                return
             if out_dir.is_dir():
                 with _locked(out_dir):
                     pass
