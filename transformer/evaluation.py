@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
+from transformer.allocator import fix_mmap_threshold
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
@@ -358,6 +359,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     _check_modes(cfg, options, analysis)
     device = _device(cfg.device)
     dtype = _dtype(cfg.dtype, device)
+    fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
     out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
