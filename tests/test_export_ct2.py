@@ -5,6 +5,7 @@ input is refused by name, and evaluate.py scores an exported directory like a ch
 from __future__ import annotations
 
 import io
+import json
 import math
 import random
 import re
@@ -377,6 +378,22 @@ def test_export_refuses_bad_arguments(trained, exported, tmp_path, capsys) -> No
     with pytest.raises(ConfigError, match="--quantization int4"):
         export.export_ct2([ckpt], tmp_path / "out", "int4")
     assert not (tmp_path / "out").exists()
+
+
+def test_force_replaces_an_earlier_export_whole_and_nothing_else(trained, tmp_path) -> None:
+    """--force swaps a new export in for an earlier one; an export directory holding a file the
+    export does not write is refused after the build, unchanged, and no temporary one is left."""
+    ckpt, out = str(trained[0][-1]), tmp_path / "model"
+    export_main(["ct2", ckpt, str(out), "--quantization", "int8"])
+    export_main(["ct2", ckpt, str(out), "--force"])
+    assert json.loads((out / export.INFO_FILE).read_text())["quantization"] == "float32"
+    (out / "notes.txt").write_text("mine\n")
+    before = {p.name: p.read_bytes() for p in out.iterdir()}
+    with pytest.raises(SystemExit, match=r"model holds notes.txt, which this command does not "
+                       r"write; --force replaces only what it writes"):  # fmt: skip
+        export_main(["ct2", ckpt, str(out), "--force"])
+    assert {p.name: p.read_bytes() for p in out.iterdir()} == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
 def test_exported_readme_translates_as_our_greedy_search(trained, exported) -> None:

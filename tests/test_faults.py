@@ -5,6 +5,7 @@ The README's "What happens when..." section points here; each test states one gu
 
 from __future__ import annotations
 
+import hashlib
 import math
 import os
 import re
@@ -17,13 +18,15 @@ from pathlib import Path
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
-from tests.tiny import REPO, compose_cfg, logged, tiny_overrides
-from transformer import atomic, lit_module
+from tests.tiny import REPO, compose_cfg, logged, tiny_overrides, write_lines
+from transformer import atomic, lit_module, run_dir
 from transformer.atomic import AtomicCheckpointIO
 from transformer.checkpoints import load_checkpoint
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import DataError, NonFiniteLoss, UserError
+from transformer.evaluation import evaluate
 from transformer.training import train
 
 
@@ -461,3 +464,297 @@ def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
     (tmp_path / "bad.model").write_bytes(b"not a sentencepiece model")
     with pytest.raises(DataError, match=r"bad.model cannot be read.*delete it"):
         Tokenizer(tmp_path / "bad.model")
+
+
+# -- where results are written: never over the inputs, over earlier results only when forced ----
+# Each command that writes refuses, before writing anything, to replace its own input or an
+# earlier result (without --force, or force=true for train.py and evaluate.py): one `error:`
+# line, and every file of the user's is byte for byte as it was.
+
+
+@pytest.fixture(scope="module")
+def workspace(corpus, tmp_path_factory) -> Path:
+    """A user's folder: a training run (run/: .hydra/, checkpoints/last.ckpt and three epoch
+    checkpoints), a folder of notes, texts to translate (a link to one of them) and an output of
+    5 lines."""
+    root = tmp_path_factory.mktemp("user")
+    train(compose_cfg([*tiny_overrides(corpus), "trainer.max_steps=2"], root / "run"))
+    ckpts = root / "run" / "checkpoints"
+    (ckpts / "epochs").mkdir()
+    for epoch in (1, 2, 3):
+        shutil.copy(ckpts / "last.ckpt", ckpts / "epochs" / f"epoch={epoch}.ckpt")
+    (root / "run" / ".hydra").mkdir()
+    (root / "run" / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    (root / "notes").mkdir()
+    (root / "notes" / "todo.txt").write_text("average epochs 1-3\n")
+    (root / "s.txt").write_text("a dog runs\nthe man sits\n\na cat\n")
+    (root / "link.txt").symlink_to("s.txt")
+    write_lines(root / "two.txt.gz", ["a dog", "a cat"])
+    (root / "out5.txt").write_text("ein\nzwei\ndrei\nvier\nfünf\n")
+    return root
+
+
+def checksums(root: Path) -> dict[str, str]:
+    """Every file under ``root`` (links as their targets' names) -> its content's SHA-256."""
+    return {
+        str(p.relative_to(root)): os.readlink(p) if p.is_symlink()
+        else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()
+    }  # fmt: skip
+
+
+CKPT = "run/checkpoints/last.ckpt"
+EPOCHS = [f"run/checkpoints/epochs/epoch={e}.ckpt" for e in (1, 2, 3)]
+EXPORT = ("-m", "transformer.export", "ct2")
+AVERAGE = ("-m", "transformer.checkpoints")
+PRUNE = ("-m", "transformer.prune")
+EVALUATE = ("evaluate.py", f"ckpt_path={CKPT}", "decode=greedy")
+
+# case -> (the command, run in the user's folder; the `error:` line it ends with)
+OVERWRITES = {
+    "export --force into the working directory": (
+        [*EXPORT, CKPT, ".", "--force"],
+        r"error: OUT_DIR \. is the working directory or one above it, .*give OUT_DIR a new "
+        r"directory, e\.g\. model",
+    ),
+    "export --force into the run directory holding the checkpoint": (
+        [*EXPORT, CKPT, "run", "--force"],
+        rf"error: OUT_DIR run holds the input {CKPT}, which replacing it would delete; .*",
+    ),
+    "export --force into a folder no export wrote": (
+        [*EXPORT, CKPT, "notes", "--force"],
+        r"error: OUT_DIR notes is not one this command wrote \(it has no transformer_nmt\.json\)"
+        r"; --force replaces only those: give OUT_DIR a new directory",
+    ),
+    "averaging with its output argument forgotten (epochs/*.ckpt)": (
+        [*AVERAGE, *EPOCHS],
+        rf"error: output {EPOCHS[0]} exists; give a new path, or --force to replace it \(the "
+        r"first argument is the file written, .*\)",
+    ),
+    "averaging --force onto one of its inputs": (
+        [*AVERAGE, EPOCHS[1], *EPOCHS, "--force"],
+        rf"error: output {EPOCHS[1]} is the input {EPOCHS[1]}: .*give output a new path",
+    ),
+    "pruning --force onto its input": (
+        [*PRUNE, CKPT, CKPT, "--heads", "cross:0:0", "--force"],
+        rf"error: OUT {CKPT} is the input {CKPT}: writing it would destroy what it is made from; "
+        "give OUT a new path",
+    ),
+    "evaluate.py output= its input=": (
+        [*EVALUATE, "input=s.txt", "output=s.txt"],
+        r"error: output=s.txt is s.txt, an input of this run, which writing it would destroy; "
+        r"give output= a new file",
+    ),
+    "evaluate.py output= a link to its input=": (
+        [*EVALUATE, "input=s.txt", "output=link.txt"],
+        r"error: output=link.txt is s.txt, an input of this run, .*",
+    ),
+    "evaluate.py output= a checkpoint": (
+        [*EVALUATE, "input=s.txt", f"output={CKPT}"],
+        rf"error: output={CKPT} is {CKPT}, an input of this run, .*",
+    ),
+    "evaluate.py output= longer than its gzipped input=": (
+        [*EVALUATE, "input=two.txt.gz", "output=out5.txt"],
+        r"error: output=out5.txt holds results for 5 lines but input=two.txt.gz has 2: it "
+        r"belongs to another input; .*force=true to replace it",
+    ),
+    "evaluate.py resuming an output= of standard input": (
+        [*EVALUATE, "input=-", "output=out5.txt"],
+        r"error: output=out5.txt holds the results of 5 lines; resuming would skip the first 5 "
+        r"lines of input=- \(standard input, .*\): give the input as input=FILE, or force=true .*",
+    ),
+    "a new train.py run in a run directory holding checkpoints": (
+        ["train.py", "hydra.run.dir=run", "trainer.max_steps=2"],
+        r"error: .*/user/run/checkpoints holds the checkpoints of an earlier run \(last\.ckpt, "
+        r"epochs/epoch=1\.ckpt, epochs/epoch=2\.ckpt and 1 more\), "
+        r"which a new run would replace; resume that run with ckpt_path=.*run/checkpoints/"
+        r"last\.ckpt, give this one another directory .*, or force=true to delete them first",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", OVERWRITES)
+def test_a_command_refuses_to_overwrite_its_input_or_an_earlier_result(
+    case, corpus, workspace, tmp_path
+):
+    user = tmp_path / "user"
+    shutil.copytree(workspace, user, symlinks=True)
+    before = checksums(user)
+    command, error = OVERWRITES[case]
+    if command[0] == "train.py":
+        command = [command[0], *tiny_overrides(corpus), *command[1:]]
+    if command[0] in ("train.py", "evaluate.py"):
+        command = [str(REPO / command[0]), *command[1:]]
+        if not any(c.startswith("hydra.run.dir=") for c in command):  # not in the user's folder
+            command.append(f"hydra.run.dir={tmp_path / 'elsewhere'}")
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, *command], cwd=user, env=env, input="a dog\n",
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert res.returncode != 0 and res.stdout == "", res.stderr[-3000:]
+    assert re.fullmatch(error, res.stderr.strip().splitlines()[-1]), res.stderr[-3000:]
+    assert "Traceback" not in res.stderr
+    assert checksums(user) == before
+
+
+def test_a_second_run_in_a_directory_being_trained_in_is_refused(corpus, tmp_path):
+    """A training run holds its run directory's lock (here the test holds it, as a first run
+    would): a second train.py there refuses before writing anything, though the first has no
+    checkpoint yet; its .hydra/ record is not replaced."""
+    run = tmp_path / "run"
+    (run / ".hydra").mkdir(parents=True)
+    (run / ".hydra" / "overrides.yaml").write_text("- seed=1\n")
+    before = checksums(run)
+    command = [sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run}",
+               "seed=2", "trainer.max_steps=2"]  # fmt: skip
+    with run_dir.claim_training_run(compose_cfg(tiny_overrides(corpus), run)):
+        res = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1, res.stderr[-3000:]
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: another run is training in {run} now (it holds the directory's lock); wait for "
+        "it to end, or give this run another directory (hydra.run.dir=DIR)"
+    )
+    assert checksums(run) == before
+
+
+@pytest.mark.parametrize("command", ["train", "evaluate"])
+def test_two_launches_in_the_same_second_get_run_directories_of_their_own(command):
+    """The default run directory's name ends in microseconds: two runs started in one second
+    (a sweep's, a script's) no longer share one directory, checkpoints and log."""
+    dirs = []
+    for _ in range(2):
+        with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+            cfg = compose(command, overrides=["ckpt_path=x"], return_hydra_config=True)
+        dirs.append(cfg.hydra.run.dir)
+    assert all(re.search(r"/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$", d) for d in dirs), dirs
+    assert dirs[0] != dirs[1]
+
+
+def test_stdout_holds_the_translations_alone_and_every_log_line_goes_to_stderr(
+    corpus, workspace, tmp_path
+):
+    """`evaluate.py input=F > out.txt`, the README's usage, while averaging two checkpoints (a
+    log line) and cutting an overlong line (a warning): stdout is the translations, line for
+    line. train.py, progress bar on, writes nothing to stdout."""
+    for name in ("a", "b"):
+        shutil.copy(workspace / CKPT, tmp_path / f"{name}.ckpt")
+    text = tmp_path / "in.txt"
+    text.write_text("a dog runs\n" + "a " * 300 + "\nthe cat\n")
+    evaluate_py = [
+        sys.executable, "evaluate.py", f"ckpt_path=[{tmp_path / 'a.ckpt'},{tmp_path / 'b.ckpt'}]",
+        f"input={text}", "decode=greedy", f"hydra.run.dir={tmp_path / 'eval'}",
+    ]  # fmt: skip
+    res = subprocess.run(evaluate_py, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "averaging 2 checkpoints" in res.stderr and "more than 256 pieces" in res.stderr
+    assert res.stdout == (tmp_path / "eval" / "hypotheses.txt").read_text()
+    assert len(res.stdout.splitlines()) == 3
+
+    train_py = [
+        sys.executable, "train.py", *tiny_overrides(corpus), "trainer.max_steps=2",
+        "trainer.enable_progress_bar=true", f"hydra.run.dir={tmp_path / 'run'}",
+    ]  # fmt: skip
+    res = subprocess.run(train_py, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout == "" and "finished at step 2" in res.stderr
+
+
+def test_force_replaces_only_what_the_command_writes(corpus, workspace, tmp_path):
+    """train.py force=true deletes the earlier run's checkpoints (nothing else) before training;
+    evaluate.py force=true translates output= again from its start; averaging --force replaces
+    an output that is no input."""
+    run = tmp_path / "run"
+    shutil.copytree(workspace / "run", run)
+    (run / "checkpoints" / "notes.txt").write_text("kept\n")
+    overrides = [*tiny_overrides(corpus), "trainer.max_steps=3"]
+    with pytest.raises(UserError, match="holds the checkpoints of an earlier run"):
+        train(compose_cfg(overrides, run))
+    train(compose_cfg([*overrides, "force=true"], run))
+    kept = [str(p.relative_to(run)) for p in sorted(run.glob("checkpoints/**/*")) if p.is_file()]
+    assert kept == ["checkpoints/last.ckpt", "checkpoints/notes.txt"]  # epochs/*.ckpt deleted
+    assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == 3
+
+    user = tmp_path / "user"
+    shutil.copytree(workspace, user, symlinks=True)
+    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        cfg = compose("evaluate", overrides=[
+            f"ckpt_path={user / CKPT}", f"input={user / 's.txt'}", f"output={user / 'out5.txt'}",
+            "decode=greedy", "force=true", f"paths.output_dir={tmp_path / 'eval'}",
+        ])  # fmt: skip
+    assert evaluate(cfg)["resumed_at"] == 0
+    assert len((user / "out5.txt").read_text().splitlines()) == 4  # s.txt's lines, not 5 + 4
+
+    average = [sys.executable, "-m", "transformer.checkpoints", "out5.txt", *EPOCHS[:2]]
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    res = subprocess.run([*average, "--force"], cwd=user, env=env, capture_output=True, text=True,
+                         timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert load_checkpoint(user / "out5.txt")["averaged_from"] == EPOCHS[:2]
+
+
+def test_an_output_of_a_gzipped_input_is_checked_against_its_lines_then_resumed(
+    workspace, tmp_path
+):
+    """A .gz input's lines are counted when an output is resumed: one holding more is refused,
+    unchanged; one holding part of them is completed, as for a plain file."""
+    user = tmp_path / "user"
+    shutil.copytree(workspace, user, symlinks=True)
+    whole, part = user / "whole.txt", user / "part.txt"
+
+    def run(output: Path) -> dict:
+        with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+            cfg = compose("evaluate", overrides=[
+                f"ckpt_path={user / CKPT}", f"input={user / 'two.txt.gz'}", f"output={output}",
+                "decode=greedy", f"paths.output_dir={tmp_path / output.stem}",
+            ])  # fmt: skip
+        return evaluate(cfg)
+
+    longer = (user / "out5.txt").read_bytes()
+    with pytest.raises(UserError, match=r"out5.txt holds results for 5 lines but input=.* has 2"):
+        run(user / "out5.txt")
+    assert (user / "out5.txt").read_bytes() == longer
+    run(whole)
+    part.write_text(whole.read_text().splitlines()[0] + "\nhalf a li")
+    assert run(part)["resumed_at"] == 1 and part.read_bytes() == whole.read_bytes()
+
+
+FREE_16_MIB_THEN_TAKE_2_MIB = """
+import ctypes, sys
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Mallinfo2
+{evaluate}
+libc.free(libc.malloc(16 << 20))  # a mapped block freed: glibc's default raises its threshold
+mapped = libc.mallinfo2().hblks
+block = libc.malloc(2 << 20)
+print(libc.mallinfo2().hblks - mapped)  # 1: mapped for itself (given back when freed)
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_translating_keeps_glibc_from_raising_its_mmap_threshold(workspace, tmp_path):
+    """After evaluate() translates a file, a 2 MiB block is still mapped for itself once a
+    16 MiB one was freed: glibc no longer raises its mmap threshold as blocks are freed, which
+    had every tensor up to 32 MiB taken from a heap that keeps what they free, and the peak RSS
+    of a translation grow with the file's length (BENCHMARKS.md)."""
+    evaluate_file = f"""
+from hydra import compose, initialize_config_dir
+from transformer.evaluation import evaluate
+with initialize_config_dir("{REPO / "configs"}", version_base="1.3"):
+    cfg = compose("evaluate", overrides=["ckpt_path={workspace / CKPT}",
+                  "input={workspace / "s.txt"}", "decode=greedy",
+                  "paths.output_dir={tmp_path / "eval"}"])
+evaluate(cfg)
+"""
+    script = FREE_16_MIB_THEN_TAKE_2_MIB.format(evaluate=evaluate_file)
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    res = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True,
+                         text=True, timeout=120)  # fmt: skip
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert res.stdout.strip() == "1"
+    plain = subprocess.run([sys.executable, "-c", FREE_16_MIB_THEN_TAKE_2_MIB.format(evaluate="")],
+                           capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert plain.stdout.strip() == "0"  # glibc's default: the comparison above can fail
