@@ -123,9 +123,10 @@ def _torch_load(path: Path, mmap: bool = False) -> Any:
         ) from err
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint written by ``train.py`` (``mmap``: its tensors memory-mapped, not read)."""
     path = Path(path)
-    ckpt = _torch_load(path)
+    ckpt = _torch_load(path, mmap=mmap)
     if (
         not isinstance(ckpt, dict)
         or "state_dict" not in ckpt
