@@ -8,6 +8,8 @@ stand-in optimizer) from here; the data module's and its corpus source's by ``tr
 the data module (reading nothing) before any data work. What stays here is what no owner checks
 in time: rules across options, and options of what ``train`` builds only after data work (torch's
 optimizer, Lightning's Trainer, the module's NaN, BLEU and compile options, the checkpoint).
+Before all of them, each value is checked against the type its owner annotates
+(:func:`check_types`): ``model.d_model=abc`` is named as such, not as a comparison that failed.
 """
 
 from __future__ import annotations
@@ -208,10 +210,10 @@ def option_types(owner: Any) -> dict[str, tuple[Any, Any]]:
     if isinstance(owner, str):
         try:
             owner = get_object(owner)
-        except Exception:  # noqa: BLE001 (instantiating it names the fault)
+        except Exception:  # (instantiating it names the fault)
             return {}
     functions = [c.__init__ for c in reversed(owner.__mro__)] if isinstance(owner, type) else []
-    types: dict[str, tuple[Any, Any]] = {}
+    found: dict[str, tuple[Any, Any]] = {}
     for function in functions or [owner]:  # a subclass's own parameters last: they win
         try:
             parameters = inspect.signature(function).parameters.values()
@@ -220,8 +222,8 @@ def option_types(owner: Any) -> dict[str, tuple[Any, Any]]:
         hints = _annotations(function)
         for p in parameters:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name in hints:
-                types[p.name] = (hints[p.name], None if p.default is p.empty else p.default)
-    return types
+                found[p.name] = (hints[p.name], None if p.default is p.empty else p.default)
+    return found
 
 
 def _annotations(function: Any) -> dict[str, Any]:
@@ -229,7 +231,7 @@ def _annotations(function: Any) -> dict[str, Any]:
     (``typing.get_type_hints`` fails), each one that resolves."""
     try:
         return typing.get_type_hints(function)
-    except Exception:  # noqa: BLE001 (NameError, or a TypeError of an odd annotation)
+    except Exception:  # a NameError, or a TypeError of an annotation typing cannot read
         pass
     resolved = {}
     for name, annotation in getattr(function, "__annotations__", {}).items():
@@ -239,7 +241,7 @@ def _annotations(function: Any) -> dict[str, Any]:
                 if isinstance(annotation, str)
                 else annotation
             )
-        except Exception:  # noqa: BLE001, S307
+        except Exception:  # the name imported for type checkers only
             continue
     return resolved
 

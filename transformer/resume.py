@@ -19,8 +19,9 @@ from typing import Any
 
 from transformer.checkpoints import load_checkpoint
 from transformer.config import TransformerConfig
+from transformer.config_checks import show
 from transformer.data.corpora import corpus_options
-from transformer.errors import ConfigError
+from transformer.errors import CheckpointError, ConfigError
 
 # Model options a resumed run may change: they leave the weights' shapes and meaning alone.
 FREE_MODEL_OPTIONS = (
@@ -46,6 +47,7 @@ def check_resume(
 
 
 def check_training_state(ckpt: dict[str, Any], path: Path) -> None:
+    """Refuse an average or a weights-only checkpoint, saying what to resume from instead."""
     if "averaged_from" in ckpt:
         raise ConfigError(
             f"ckpt_path={path} is an average of {len(ckpt['averaged_from'])} checkpoints: weights "
@@ -89,8 +91,8 @@ def check_data_settings(
             differ[option] = was[key], new[key]
     differ = {option: values for option, values in differ.items() if values[0] != values[1]}
     if differ:
-        was = " ".join(f"{option}={_show(a)}" for option, (a, _) in differ.items())
-        now = " ".join(f"{option}={_show(b)}" for option, (_, b) in differ.items())
+        was = " ".join(f"{option}={show(a)}" for option, (a, _) in differ.items())
+        now = " ".join(f"{option}={show(b)}" for option, (_, b) in differ.items())
         raise ConfigError(
             f"ckpt_path={path} was trained with {was}, but this run has {now}; resume with "
             f"{was}, {NEW_RUN}"
@@ -107,26 +109,20 @@ def check_model(
     """Every model option but :data:`FREE_MODEL_OPTIONS` as the checkpoint has it; the vocabulary
     sizes are set by ``data.vocab_size``."""
     given = model.to_dict()
-    stored = TransformerConfig(**stored).to_dict()  # its defaults filled in (num_kv_heads)
+    try:
+        stored = TransformerConfig(**stored).to_dict()  # its defaults filled in (num_kv_heads)
+    except (TypeError, ValueError) as err:  # edited, or written by other code
+        raise CheckpointError(f"{path}: its model config is invalid: {err}") from err
     differ = [k for k in given if k not in FREE_MODEL_OPTIONS and stored.get(k) != given[k]]
     if not differ:
         return
     fix = {
-        ("data.vocab_size" if k.endswith("vocab_size") else f"model.{k}"): _show(stored[k])
+        ("data.vocab_size" if k.endswith("vocab_size") else f"model.{k}"): show(stored[k])
         for k in differ
     }
-    was = " ".join(f"model.{k}={_show(stored[k])}" for k in differ)
-    now = " ".join(f"model.{k}={_show(given[k])}" for k in differ)
+    was = " ".join(f"model.{k}={show(stored[k])}" for k in differ)
+    now = " ".join(f"model.{k}={show(given[k])}" for k in differ)
     raise ConfigError(
         f"ckpt_path={path} holds a model with {was}, but this run's has {now}; resume with "
         f"{' '.join(f'{k}={v}' for k, v in fix.items())}, {NEW_RUN}"
     )
-
-
-def _show(value: Any) -> str:
-    """A value as it is written on the command line."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    return str(value)

@@ -50,8 +50,8 @@ log = logging.getLogger(__name__)
 
 
 @contextlib.contextmanager
-def _signals_raise(error: type[Interrupted], what: str) -> Iterator[None]:
-    """Inside the block, SIGINT and SIGTERM raise ``error``: the exception removes the
+def _interruptible(what: str) -> Iterator[None]:
+    """Inside the block, SIGINT and SIGTERM raise :class:`Interrupted`: the exception removes the
     temporaries being written on its way out (SIGTERM's default ends the process on the spot;
     Lightning installs its own handler only after data preparation). The previous handlers come
     back after the block."""
@@ -61,7 +61,7 @@ def _signals_raise(error: type[Interrupted], what: str) -> Iterator[None]:
 
     def stop(signum: int, frame: object) -> None:
         name = signal.Signals(signum).name
-        raise error(
+        raise Interrupted(
             f"{name} during {what}: stopped; what was finished is kept and nothing half-written "
             "is left; run the same command again to go on",
             signum,
@@ -87,10 +87,10 @@ class TranslationDataModule(L.LightningDataModule):
 
     Caches, under ``cache_dir``: ``spm/<corpus>.<langs>.<type><vocab>.<hash>.model`` (the hash
     covers the training split's identity and the tokenizer settings) and
-    ``tok/<corpus>.<split>.<src>-<tgt>.<hash>/`` (covering the split's identity, the tokenizer
-    files' contents and ``max_len``). A raw file's identity is its path, size and mtime.
-    Tokenizers given by :meth:`use_tokenizers` (a checkpoint's, when resuming) replace the trained
-    ones and are saved as ``spm/<corpus>.<langs>.<hash>.model``, the hash of their contents.
+    ``tok/<corpus>.<split>.<src>-<tgt>.<hash>/`` (covering the split's identity, what the
+    tokenizers do, :attr:`Tokenizer.digest`, and ``max_len``). A raw file's identity is its path,
+    size and mtime. Tokenizers given by :meth:`use_tokenizers` (a checkpoint's, when resuming)
+    replace the trained ones and are saved as ``spm/<corpus>.<langs>.<digest>.model``.
 
     Training pairs with an empty side or more than ``max_len`` pieces on a side are dropped (and
     counted in the log); validation and test splits are kept whole, in corpus order, so that
@@ -305,7 +305,7 @@ class TranslationDataModule(L.LightningDataModule):
         for folder in ("spm", "tok"):
             for path in sweep_temporaries(self.cache_dir / folder):
                 log.info("removed %s, left by a process that no longer runs", path)
-        with _signals_raise(Interrupted, "data preparation"):
+        with _interruptible("data preparation"):
             self._build_caches()
 
     def _build_caches(self) -> None:
