@@ -713,7 +713,7 @@ def test_temporaries_of_killed_runs_are_removed_by_the_next(corpus, tmp_path):
     killed.kill()
     killed.wait()
     (left,) = tok.iterdir()
-    assert left.name == f".local-corpus.train.en-de.0123.{killed.pid}@{HOST}.tmp"
+    assert left.name.startswith(f".local-corpus.train.en-de.0123.{killed.pid}")
     spm.mkdir()
     legacy = spm / f".local-corpus.de-en.unigram64.0123.{killed.pid}.tmp.model"
     legacy.write_bytes(b"half a model")
