@@ -16,10 +16,18 @@ import sacrebleu
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.tiny import CONFIGS, REPO, compose_cfg, tiny_overrides
+from tests.tiny import (
+    CONFIGS,
+    REPO,
+    compose_cfg,
+    other_tokenizer,
+    tiny_overrides,
+    trained_elsewhere,
+)
 from transformer.checkpoints import (
     average_checkpoints,
     load_checkpoint,
+    load_ensemble,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
@@ -123,18 +131,26 @@ def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, cap
 
 def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_path) -> None:
     """A run resumed elsewhere stores the same SentencePiece models under its own cache's file
-    names: its epochs average with the earlier ones. Other models are refused."""
+    names, and a run that trained them again in another process holds them with another record
+    of where SentencePiece wrote them: their checkpoints average and ensemble with the earlier
+    ones. Other models are refused."""
     ckpt, _ = trained
     renamed = load_checkpoint(ckpt)
     for side in ("src", "tgt"):
         renamed["tokenizers"][side]["name"] = f"elsewhere.{side}.model"
+        renamed["tokenizers"][side]["model"] = trained_elsewhere(
+            renamed["tokenizers"][side]["model"]
+        )
     torch.save(renamed, tmp_path / "renamed.ckpt")
     average_main([str(tmp_path / "avg.ckpt"), str(ckpt), str(tmp_path / "renamed.ckpt")])
+    assert len(load_ensemble([ckpt, tmp_path / "renamed.ckpt"])) == 2
     other = load_checkpoint(ckpt)
-    other["tokenizers"]["tgt"]["model"] = other["tokenizers"]["tgt"]["model"] + b"x"
+    other["tokenizers"]["tgt"]["model"] = other_tokenizer(other["tokenizers"]["tgt"]["model"])
     torch.save(other, tmp_path / "other.ckpt")
     with pytest.raises(CheckpointError, match="trained with other tokenizers"):
         average_checkpoints([ckpt, tmp_path / "other.ckpt"])
+    with pytest.raises(CheckpointError, match="trained with other tokenizers"):
+        load_ensemble([ckpt, tmp_path / "other.ckpt"])
 
 
 def test_averaged_checkpoint(trained, tmp_path) -> None:

@@ -5,9 +5,13 @@ The README's "What happens when..." section points here; each test states one gu
 
 from __future__ import annotations
 
+import errno
+import gzip
 import hashlib
+import logging
 import math
 import os
+import random
 import re
 import shutil
 import signal
@@ -20,12 +24,13 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
+from tests.test_evaluate import eval_cfg
 from tests.tiny import REPO, compose_cfg, logged, tiny_overrides, write_lines
 from transformer import atomic, lit_module, run_dir
-from transformer.atomic import AtomicCheckpointIO
-from transformer.checkpoints import load_checkpoint
+from transformer.atomic import HOST, AtomicCheckpointIO
+from transformer.checkpoints import average_checkpoints, load_checkpoint
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import DataError, NonFiniteLoss, UserError
+from transformer.errors import CheckpointError, DataError, NonFiniteLoss, UserError
 from transformer.evaluation import evaluate
 from transformer.training import train
 
@@ -35,7 +40,7 @@ def fail_mid_write(monkeypatch) -> None:
 
     def partial_save(obj, f) -> None:
         f.write(b"PK\x03\x04 half a checkpoint")
-        raise OSError("No space left on device")
+        raise OSError(errno.ENOSPC, "No space left on device")
 
     monkeypatch.setattr(atomic.torch, "save", partial_save)
 
@@ -48,7 +53,7 @@ def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch)
     io = AtomicCheckpointIO()
     io.save_checkpoint({"step": 1, "w": torch.ones(3)}, path)
     fail_mid_write(monkeypatch)
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(CheckpointError, match=r"could not write checkpoint .*last.ckpt \(No space"):
         io.save_checkpoint({"step": 2, "w": torch.zeros(3)}, path)
     monkeypatch.undo()
     assert torch.load(path, weights_only=True)["step"] == 1
@@ -70,7 +75,7 @@ def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp
         "trainer.max_steps=6",
         "callbacks.last_checkpoint.every_n_train_steps=2",
     ]
-    with pytest.raises(OSError, match="No space left"):
+    with pytest.raises(CheckpointError, match=r"last.ckpt \(No space left on device\)"):
         train(compose_cfg(overrides, tmp_path))
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 2
@@ -375,8 +380,21 @@ def test_ddp_resume_gives_each_rank_its_own_random_state(corpus, tmp_path):
 # (tests/test_train.py).
 
 
-def _corrupt(root: Path, case: str) -> list[str]:
-    """Damage a copy of the tiny corpus in ``root``; return the extra overrides the case needs."""
+@pytest.fixture(scope="module")
+def trained(corpus, tmp_path_factory) -> Path:
+    """A run of 17 steps on the tiny corpus: ``checkpoints/last.ckpt`` and the weights-only
+    epoch checkpoint ``checkpoints/epochs/epoch000-step16.ckpt`` (16 batches an epoch)."""
+    run = tmp_path_factory.mktemp("trained")
+    train(compose_cfg([*tiny_overrides(corpus), "trainer.max_steps=17"], run))
+    return run
+
+
+def _corrupt(root: Path, case: str, request: pytest.FixtureRequest) -> list[str]:
+    """Damage a copy of the tiny corpus in ``root`` (or the run: ``request`` gives the
+    ``monkeypatch`` and ``trained`` fixtures); return the extra overrides the case needs."""
+    if case in RESUMED:
+        shutil.copy(request.getfixturevalue("trained") / "checkpoints" / "last.ckpt", root)
+        return [f"ckpt_path={root / 'last.ckpt'}", *_corrupt_resumed(root, case, request)]
     if case == "mismatched line counts":
         lines = (root / "train.de").read_text(encoding="utf-8").splitlines()
         (root / "train.de").write_text("\n".join(lines[:-3]) + "\n", encoding="utf-8")
@@ -410,7 +428,105 @@ def _corrupt(root: Path, case: str) -> list[str]:
     elif case == "a truncated checkpoint to resume from":
         (root / "last.ckpt").write_bytes(b"PK\x03\x04 cut short")
         return [f"ckpt_path={root / 'last.ckpt'}"]
+    # issue 51: the faults below each gave a traceback or a misleading line
+    elif case == "a truncated .gz training file":
+        _gzip_all(root)
+        data = (root / "train.de.gz").read_bytes()
+        (root / "train.de.gz").write_bytes(data[: len(data) // 2])
+    elif case == "a .gz validation file that is not gzip":
+        _gzip_all(root)
+        (root / "val.en.gz").write_bytes(b"plain\n" * 32)
+    elif case == "a validation pair longer than data.max_tokens":
+        for lang, word in (("en", "a"), ("de", "ein")):  # pair 33 of val: 150 pieces a side
+            with open(root / f"val.{lang}", "a", encoding="utf-8") as f:
+                f.write(" ".join([word] * 150) + "\n")
+        return ["data.max_tokens=140"]
+    elif case == "a full disk while the tokenizer is written":
+        full_disk(request.getfixturevalue("monkeypatch"), ".model.")
+    elif case == "a full disk while a checkpoint is written":
+        fail_mid_write(request.getfixturevalue("monkeypatch"))
+    elif case in WRONG_TYPES:
+        return [case]
     return []
+
+
+def _corrupt_resumed(root: Path, case: str, request: pytest.FixtureRequest) -> list[str]:
+    """A resume from ``root/last.ckpt`` (the ``trained`` run's), damaged as ``case`` says."""
+    trained = request.getfixturevalue("trained") / "checkpoints"
+    if case == "resume, a .gz training file that is not gzip":
+        _gzip_all(root)
+        (root / "train.en.gz").write_bytes(b"plain text\n" * 400)
+    elif case == "resume from a weights-only epoch checkpoint":
+        return [f"ckpt_path={trained / 'epochs' / 'epoch000-step16.ckpt'}"]
+    elif case == "resume from an averaged checkpoint":
+        averaged = average_checkpoints(
+            [trained / "last.ckpt", trained / "epochs" / "epoch000-step16.ckpt"]
+        )
+        atomic.atomic_save(averaged, root / "averaged.ckpt")
+        return [f"ckpt_path={root / 'averaged.ckpt'}"]
+    elif case == "resume from a checkpoint whose tokenizer bytes are damaged":
+        ckpt = torch.load(root / "last.ckpt", weights_only=True)
+        model = ckpt["tokenizers"]["src"]["model"]
+        ckpt["tokenizers"]["src"]["model"] = model[:100] + b"\xff" * 64 + model[164:]
+        torch.save(ckpt, root / "last.ckpt")
+    return RESUMED[case]
+
+
+def _gzip_all(root: Path) -> None:
+    """The corpus's files gzipped (``train.en`` -> ``train.en.gz``)."""
+    for path in [p for p in root.iterdir() if p.suffix in (".en", ".de")]:
+        with gzip.open(path.with_name(path.name + ".gz"), "wb") as f:
+            f.write(path.read_bytes())
+        path.unlink()
+
+
+def full_disk(monkeypatch, name_part: str) -> None:
+    """The disk fills up while a file whose (temporary) name holds ``name_part`` is written
+    through :mod:`transformer.atomic`: half its bytes land, then ENOSPC."""
+    real_open = open
+
+    class HalfWritten:
+        def __init__(self, f) -> None:
+            self.f = f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc) -> None:
+            self.f.close()
+
+        def __getattr__(self, name: str):
+            return getattr(self.f, name)
+
+        def write(self, data: bytes) -> int:
+            self.f.write(data[: len(data) // 2])
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+    def opener(path, mode="r", *args, **kwargs):
+        f = real_open(path, mode, *args, **kwargs)
+        return HalfWritten(f) if name_part in Path(path).name else f
+
+    monkeypatch.setattr(atomic, "open", opener, raising=False)
+
+
+RESUMED = {  # a resume from the trained run's last.ckpt -> the overrides it adds
+    "resume, a .gz training file that is not gzip": [],
+    "resume with another model width": ["model.d_model=32"],
+    "resume with another depth": ["model.num_decoder_layers=3"],
+    "resume from a weights-only epoch checkpoint": [],
+    "resume from an averaged checkpoint": [],
+    "resume with the languages swapped": ["data.src_lang=de", "data.tgt_lang=en"],
+    "resume with separate vocabularies": ["data.joint_vocab=false"],
+    "resume with another corpus": ["data.source=multi30k"],
+    "resume from a checkpoint whose tokenizer bytes are damaged": [],
+}
+WRONG_TYPES = (
+    "model.d_model=abc",
+    "optim.optimizer.lr=abc",
+    "data.max_len=abc",
+    "model.num_encoder_layers=2.5",
+    "data.joint_vocab=maybe",
+)
 
 
 BAD_TRAINING_INPUT = {
@@ -428,18 +544,68 @@ BAD_TRAINING_INPUT = {
     "a truncated checkpoint to resume from": r"last.ckpt is truncated or not a checkpoint",
     "a validation line beyond model.max_positions": r"val: 1 sentence pair\(s\) longer than "
     r"model.max_positions=256 .*first: pair 33",
+    # issue 51
+    "a truncated .gz training file": r"train.de.gz: its gzip data is truncated or damaged "
+    r"\(Compressed file ended before the end-of-stream marker was reached\); copy or download",
+    "a .gz validation file that is not gzip": r"val.en.gz is not a gzip file .*compress it",
+    "resume, a .gz training file that is not gzip": r"train.en.gz is not a gzip file",
+    "resume with another model width": r"last.ckpt holds a model with model.d_model=64, but this "
+    r"run's has model.d_model=32; resume with model.d_model=64, or start a new run",
+    "resume with another depth": r"model.num_decoder_layers=2, but .* resume with "
+    r"model.num_decoder_layers=2,",
+    "resume from a weights-only epoch checkpoint": r"epoch000-step16.ckpt holds weights only "
+    r"\(an epoch checkpoint\), no optimizer .*resume from .*checkpoints/last.ckpt, or evaluate",
+    "resume from an averaged checkpoint": r"averaged.ckpt is an average of 2 checkpoints: "
+    r"weights only.*evaluate it",
+    "resume with the languages swapped": r"was trained with data.src_lang=en data.tgt_lang=de, "
+    r"but this run has data.src_lang=de data.tgt_lang=en; resume with data.src_lang=en "
+    r"data.tgt_lang=de",
+    "resume with separate vocabularies": r"trained with data.joint_vocab=true, but this run has "
+    r"data.joint_vocab=false",
+    "resume with another corpus": r"trained with data.source=local, but this run has "
+    r"data.source=multi30k",
+    "resume from a checkpoint whose tokenizer bytes are damaged": r"last.ckpt: its source "
+    r"tokenizer is damaged .*resume from another checkpoint",
+    "a validation pair longer than data.max_tokens": r"val: 1 sentence pair\(s\) longer than "
+    r"data.max_tokens=140, .*first: pair 33 .*151 tokens.*raise data.max_tokens to at least 151",
+    "a full disk while the tokenizer is written": r"could not write the tokenizer model .*\.model "
+    r"\(No space left on device\); free space there or set data.cache_dir",
+    "a full disk while a checkpoint is written": r"could not write checkpoint .*last.ckpt \(No "
+    r"space left on device\)",
+    "model.d_model=abc": r"^model.d_model=abc: expected an integer, e.g. model.d_model=512$",
+    "optim.optimizer.lr=abc": r"^optim.optimizer.lr=abc: expected a number",
+    "data.max_len=abc": r"^data.max_len=abc: expected an integer",
+    "model.num_encoder_layers=2.5": r"^model.num_encoder_layers=2.5: expected an integer",
+    "data.joint_vocab=maybe": r"^data.joint_vocab=maybe: expected true or false",
 }
 
 
+def checksums(root: Path) -> dict[str, str]:
+    """Each of the user's files under ``root`` (not the data cache: the run's) -> its content's
+    SHA-256 (a link -> its target's name)."""
+    files = [p for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()]
+    return {
+        str(p.relative_to(root)): os.readlink(p) if p.is_symlink()
+        else hashlib.sha256(p.read_bytes()).hexdigest()
+        for p in files if "cache" not in p.relative_to(root).parts
+    }  # fmt: skip
+
+
 @pytest.mark.parametrize("case", BAD_TRAINING_INPUT)
-def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_path):
+def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_path, request):
+    """One line (train.py prints it after ``error:``), no checkpoint, the user's files as they
+    were, and no temporary file left anywhere."""
     root = tmp_path / "corpus"
     shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
-    extra = _corrupt(root, case)
+    extra = _corrupt(root, case, request)
+    before = checksums(root)
     overrides = [*tiny_overrides(root), "trainer.max_steps=2", *extra]
-    with pytest.raises(UserError, match=BAD_TRAINING_INPUT[case]):
+    with pytest.raises(UserError, match=BAD_TRAINING_INPUT[case]) as raised:
         train(compose_cfg(overrides, tmp_path / "run"))
+    assert "\n" not in str(raised.value)
+    assert checksums(root) == before
     assert not list(tmp_path.glob("run/**/*.ckpt"))
+    assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
 
 
 def test_train_py_reports_a_user_error_in_one_line(tmp_path):
@@ -492,15 +658,6 @@ def workspace(corpus, tmp_path_factory) -> Path:
     write_lines(root / "two.txt.gz", ["a dog", "a cat"])
     (root / "out5.txt").write_text("ein\nzwei\ndrei\nvier\nfünf\n")
     return root
-
-
-def checksums(root: Path) -> dict[str, str]:
-    """Every file under ``root`` (links as their targets' names) -> its content's SHA-256."""
-    return {
-        str(p.relative_to(root)): os.readlink(p) if p.is_symlink()
-        else hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*")) if p.is_file() or p.is_symlink()
-    }  # fmt: skip
 
 
 CKPT = "run/checkpoints/last.ckpt"
@@ -758,3 +915,141 @@ evaluate(cfg)
     plain = subprocess.run([sys.executable, "-c", FREE_16_MIB_THEN_TAKE_2_MIB.format(evaluate="")],
                            capture_output=True, text=True, timeout=60)  # fmt: skip
     assert plain.stdout.strip() == "0"  # glibc's default: the comparison above can fail
+
+
+# -- issue 51: temporaries, interrupted tokenizer training, damaged caches ----------------------
+
+
+def random_corpus(root: Path, pairs: int, seed: int = 0) -> Path:
+    """``train``/``val``/``test`` of made-up words of random letters: SentencePiece needs
+    seconds on ``pairs`` training pairs (tens of thousands), where the tiny corpus takes
+    milliseconds."""
+    root.mkdir(parents=True)
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words = ["".join(rng.choices(letters, k=rng.randint(2, 12))) for _ in range(20_000)]
+    for split, n in (("train", pairs), ("val", 32), ("test", 32)):
+        for lang in ("en", "de"):
+            lines = (" ".join(rng.choices(words, k=rng.randint(5, 20))) for _ in range(n))
+            write_lines(root / f"{split}.{lang}", list(lines))
+    return root
+
+
+def child_processes(pid: int) -> dict[int, bytes]:
+    """The children of process ``pid`` (from /proc) and their command lines."""
+    children = {}
+    for entry in Path("/proc").iterdir():
+        try:
+            stat = (entry / "stat").read_text()
+            if entry.name.isdigit() and int(stat.rsplit(")", 1)[1].split()[1]) == pid:
+                children[int(entry.name)] = (entry / "cmdline").read_bytes()
+        except (OSError, ValueError):  # gone meanwhile
+            continue
+    return children
+
+
+@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_ctrl_c_or_sigterm_stops_tokenizer_training_at_once(tmp_path, signum):
+    """SentencePiece trains in a child process: Ctrl-C or SIGTERM while it trains ends the run at
+    once, not when the C++ training ends (it never does: no model is written), with one error
+    line; the child is gone, and no temporary is left in the cache."""
+    corpus = random_corpus(tmp_path / "corpus", pairs=20_000)
+    run = tmp_path / "run"
+    proc = start_train_py(corpus, run, "data.vocab_size=4000", "trainer.max_steps=2")
+    deadline, trainer = time.monotonic() + 300, None
+    while trainer is None and time.monotonic() < deadline and proc.poll() is None:
+        children = child_processes(proc.pid).items()
+        trainer = next((pid for pid, cmd in children if b"SentencePieceTrainer" in cmd), None)
+        time.sleep(0.02)
+    assert trainer is not None, "SentencePiece never trained in a child process"
+    proc.send_signal(signum)
+    sent = time.monotonic()
+    _, stderr = proc.communicate(timeout=120)
+    assert time.monotonic() - sent < 60, "the run waited for SentencePiece"
+    assert proc.returncode == 1 and "Traceback" not in stderr
+    name = signal.Signals(signum).name
+    assert stderr.strip().splitlines()[-1] == (
+        f"error: {name} during data preparation: stopped; what was finished is kept and nothing "
+        "half-written is left; run the same command again to go on"
+    )
+    assert not Path(f"/proc/{trainer}").exists()
+    assert not [p for p in (corpus / "cache").rglob("*") if p.is_file()]
+
+
+def test_temporaries_of_killed_runs_are_removed_by_the_next(corpus, tmp_path):
+    """A run killed (SIGKILL) while writing a token cache leaves its temporary directory; so do
+    SentencePiece's files of earlier versions and a killed checkpoint write. The next run removes
+    those of processes gone, and keeps those of a running process and of another host (whose
+    processes cannot be seen)."""
+    root = tmp_path / "corpus"
+    shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
+    tok, spm, ckpts = (
+        root / "cache" / "tok",
+        root / "cache" / "spm",
+        tmp_path / "run" / "checkpoints",
+    )
+    code = (
+        "import sys, time; from pathlib import Path; from transformer.atomic import "
+        "atomic_directory; atomic_directory(Path(sys.argv[1]), lambda d: (d.mkdir(parents=True), "
+        "(d / 'tokens.arrow').write_bytes(bytes(1 << 20)), print(flush=True), time.sleep(300)))"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    cmd = [sys.executable, "-c", code, str(tok / "local-corpus.train.en-de.0123")]
+    killed = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE)
+    killed.stdout.readline()  # the temporary directory is written
+    killed.kill()
+    killed.wait()
+    (left,) = tok.iterdir()
+    assert left.name.startswith(f".local-corpus.train.en-de.0123.{killed.pid}")
+    spm.mkdir()
+    legacy = spm / f".local-corpus.de-en.unigram64.0123.{killed.pid}.tmp.model"
+    legacy.write_bytes(b"half a model")
+    ckpts.mkdir(parents=True)
+    half_checkpoint = ckpts / f".last.ckpt.{killed.pid}@{HOST}.tmp"
+    half_checkpoint.write_bytes(b"PK half")
+    running = tok / f".another.{os.getpid()}@{HOST}.tmp"  # this process's
+    elsewhere = tok / f".another.{killed.pid}@some-other-host.tmp"
+    running.mkdir()
+    elsewhere.mkdir()
+    train(compose_cfg([*tiny_overrides(root), "trainer.max_steps=1"], tmp_path / "run"))
+    assert not left.exists() and not legacy.exists() and not half_checkpoint.exists()
+    assert running.is_dir() and elsewhere.is_dir()
+
+
+def test_a_damaged_token_cache_is_built_again(corpus, tmp_path, caplog):
+    """A token cache cut short or overwritten inside (a disk fault, a copy cut short) is found
+    damaged when loaded, said so in the log, and built again, equal to the first."""
+    root = tmp_path / "corpus"
+    shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
+    overrides = [*tiny_overrides(root), "trainer.max_steps=1"]
+    train(compose_cfg(overrides, tmp_path / "a"))
+    files = {p: p.read_bytes() for p in sorted((root / "cache" / "tok").glob("*/tokens.arrow"))}
+    train_split, val_split = (
+        next(p for p in files if f".{s}." in str(p)) for s in ("train", "val")
+    )
+    train_split.write_bytes(files[train_split][: len(files[train_split]) // 2])
+    damaged = bytearray(files[val_split])
+    damaged[200:600] = b"\xff" * 400  # the list offsets: negative, out of order
+    val_split.write_bytes(bytes(damaged))
+    with caplog.at_level(logging.WARNING, logger="transformer.data.datamodule"):
+        train(compose_cfg(overrides, tmp_path / "b"))
+    for split in (train_split, val_split):
+        assert f"the token cache {split} is damaged" in caplog.text
+    assert caplog.text.count(": building it again") == 2
+    assert {p: p.read_bytes() for p in files} == files
+
+
+@pytest.mark.parametrize("fault", ["truncated", "not gzip"])
+def test_a_damaged_gz_input_to_evaluate_is_named(trained, tmp_path, fault):
+    """``evaluate.py input=FILE.gz`` with a gzip file cut short, or a plain file named .gz: an
+    error naming the file and the fix, the file as it was."""
+    source = tmp_path / "source.en.gz"
+    write_lines(source, ["a dog runs", "the man sits"] * 200)
+    data = source.read_bytes()
+    source.write_bytes(data[: len(data) // 2] if fault == "truncated" else b"a dog runs\n")
+    before = source.read_bytes()
+    ckpt = trained / "checkpoints" / "last.ckpt"
+    message = "its gzip data is truncated or damaged" if fault == "truncated" else "is not a gzip"
+    with pytest.raises(DataError, match=rf"^{source}(: | ){message}"):
+        evaluate(eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
+    assert source.read_bytes() == before

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import torch
 from hydra import compose, initialize_config_dir
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer import Transformer, TransformerConfig
 from transformer.data.collate import Batch, Collator
@@ -75,6 +76,22 @@ def write_corpus(
         write_lines(root / f"{split}.en{suffix}", en)
         write_lines(root / f"{split}.de{suffix}", de)
     return root
+
+
+def trained_elsewhere(model: bytes) -> bytes:
+    """A SentencePiece model as another process on another machine would have written the same
+    training: SentencePiece records its output path (with the process id) and thread count."""
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    proto.trainer_spec.model_prefix = "/elsewhere/spm/.corpus.de-en.unigram64.4242.tmp"
+    proto.trainer_spec.num_threads = 64
+    return proto.SerializeToString()
+
+
+def other_tokenizer(model: bytes) -> bytes:
+    """The model with one piece's score changed: it tokenizes (a little) differently."""
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    proto.pieces[10].score += 1.0
+    return proto.SerializeToString()
 
 
 def tiny_model_config(vocab: int = 50, **overrides) -> dict:

@@ -1,15 +1,19 @@
 """Files (and directories) that appear whole or not at all: write a temporary file beside the
 target, fsync it, then rename it over the target (``os.replace`` is atomic within a directory).
 
-A crash, a kill or a full disk during the write leaves the previous file untouched (and at worst
-a ``.<name>.<pid>.tmp`` file beside it), never a truncated ``last.ckpt`` or ``metrics.json``.
+A crash, a kill or a full disk during the write leaves the previous file untouched, never a
+truncated ``last.ckpt`` or ``metrics.json``. An exception (Ctrl-C included) removes the temporary;
+a killed process (SIGKILL, power loss) leaves it, ``.<name>.<pid>@<host>.tmp``, and
+:func:`sweep_temporaries` removes it once that process is gone.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import re
 import shutil
+import socket
 from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
@@ -17,12 +21,59 @@ from typing import IO, Any
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 
+from transformer.errors import CheckpointError
+
+HOST = socket.gethostname()
+# temporary_path's names; also those of earlier versions: no host (this host's), and
+# SentencePiece's files trained under a temporary prefix (.<name>.<pid>.tmp.model and .vocab)
+_TEMPORARY = re.compile(r"\..+\.(?P<pid>\d+)(?:@(?P<host>[^/]+))?\.tmp(?:\.model|\.vocab)?")
+
+
+def temporary_path(path: Path) -> Path:
+    """Where ``path`` is written before it is renamed into place: beside it, hidden, named by
+    this process and host (two writers never share one; :func:`sweep_temporaries` can tell
+    whether its writer still runs)."""
+    return path.with_name(f".{path.name}.{os.getpid()}@{HOST}.tmp")
+
+
+def sweep_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Remove from ``directory`` the temporaries (:func:`temporary_path`'s files and
+    directories) of writers that were killed: processes of this host that no longer run. Those
+    of running processes, and of other hosts (a shared disk: their processes cannot be seen
+    from here), are kept. Returns the paths removed."""
+    removed: list[Path] = []
+    directory = Path(directory)
+    if not directory.is_dir():
+        return removed
+    for entry in directory.iterdir():
+        match = _TEMPORARY.fullmatch(entry.name)
+        if match is None or match["host"] not in (None, HOST) or _runs(int(match["pid"])):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    return removed
+
+
+def _runs(pid: int) -> bool:
+    """Whether process ``pid`` of this host runs (a zombie counts: its parent has not reaped
+    it yet)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
+
 
 def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> None:
     """Call ``write(file)`` on a temporary file, then move it to ``path`` in one step."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_path(path)
     try:
         with open(tmp, "wb") as f:
             write(f)
@@ -42,7 +93,7 @@ def atomic_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> N
     to ``path`` in one step; a failure (a full disk) removes it. If another process (another
     node) moved the same directory into place first, theirs is kept."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = temporary_path(path)
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         write(tmp)
@@ -77,11 +128,19 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> None:
 
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's checkpoint writer with :func:`atomic_save`: every checkpoint the Trainer
-    writes (``last.ckpt``, the best checkpoint) is either the old file or the complete new one."""
+    writes (``last.ckpt``, the best checkpoint) is either the old file or the complete new one;
+    a failed write (a full disk) is a :class:`CheckpointError` naming the file."""
 
     def save_checkpoint(
         self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
     ) -> None:
         if storage_options is not None:
             raise TypeError(f"{type(self).__name__} takes no storage_options")
-        atomic_save(checkpoint, path)
+        try:
+            atomic_save(checkpoint, path)
+        except OSError as err:  # a full disk, a quota, a directory removed
+            raise CheckpointError(
+                f"could not write checkpoint {path} ({err.strerror or err}); nothing half-written "
+                "is left, an earlier one there is whole; free space there, or write elsewhere "
+                "(hydra.run.dir=DIR)"
+            ) from err

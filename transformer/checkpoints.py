@@ -24,8 +24,8 @@ import torch
 
 from transformer.atomic import atomic_save
 from transformer.config import TransformerConfig
-from transformer.data.tokenizer import Tokenizer
-from transformer.errors import CheckpointError, UserError
+from transformer.data.tokenizer import Tokenizer, model_digest
+from transformer.errors import CheckpointError, DataError, UserError
 from transformer.model import Transformer
 from transformer.outputs import check_output_file
 
@@ -124,9 +124,10 @@ def _torch_load(path: Path, mmap: bool = False) -> Any:
         ) from err
 
 
-def load_checkpoint(path: str | os.PathLike) -> dict[str, Any]:
+def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:
+    """A checkpoint written by ``train.py`` (``mmap``: its tensors memory-mapped, not read)."""
     path = Path(path)
-    ckpt = _torch_load(path)
+    ckpt = _torch_load(path, mmap=mmap)
     if (
         not isinstance(ckpt, dict)
         or "state_dict" not in ckpt
@@ -159,6 +160,18 @@ def tokenizer_models(ckpt: dict[str, Any]) -> dict[str, bytes | None]:
     }
 
 
+def tokenizer_digests(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str, str | None]:
+    """What each side's tokenizer does (:func:`model_digest`), to compare checkpoints': alike
+    for tokenizers trained alike, whichever process trained them and wherever."""
+    digests: dict[str, str | None] = {}
+    for side, model in tokenizer_models(ckpt).items():
+        try:
+            digests[side] = None if model is None else model_digest(model)
+        except DataError as err:
+            raise CheckpointError(f"{path}: its {side} tokenizer is damaged ({err})") from err
+    return digests
+
+
 def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
     """The SentencePiece models a checkpoint carries, ``{"src": bytes, "tgt": bytes}``, or None
     for one without them; the weights are memory-mapped, not read."""
@@ -187,9 +200,12 @@ def tokenizers_from_checkpoint(
     stored = ckpt.get("tokenizers")
     if not stored or not all(isinstance(stored.get(s), dict) for s in ("src", "tgt")):
         raise CheckpointError(f"{path} carries no tokenizer models; it was not written by train.py")
-    src, tgt = (
-        Tokenizer(stored[s]["name"], model_proto=stored[s]["model"]) for s in ("src", "tgt")
-    )
+    try:
+        src, tgt = (
+            Tokenizer(stored[s]["name"], model_proto=stored[s]["model"]) for s in ("src", "tgt")
+        )
+    except DataError as err:
+        raise CheckpointError(f"{path}: {err}; use another checkpoint of the run") from err
     model = ckpt["hyper_parameters"]["model"]
     for side, tok, size in (("source", src, "src_vocab_size"), ("target", tgt, "tgt_vocab_size")):
         if tok.vocab_size != model[size]:
@@ -214,8 +230,8 @@ def average_checkpoints(paths: Sequence[str | os.PathLike]) -> dict[str, Any]:
             raise CheckpointError(f"{path} and {first_path} hold models of different configs")
         if ckpt["state_dict"].keys() != first["state_dict"].keys():
             raise CheckpointError(f"{path} and {first_path} hold different sets of weights")
-        if tokenizer_models(ckpt) != tokenizer_models(first):  # (names may differ: a resumed
-            # run stores the same models under names of its own cache)
+        if tokenizer_digests(ckpt, path) != tokenizer_digests(first, first_path):  # (names may
+            # differ: a resumed run stores the same models under names of its own cache)
             raise CheckpointError(f"{path} and {first_path} were trained with other tokenizers")
     state = {}
     for key, value in first["state_dict"].items():
@@ -236,7 +252,7 @@ def load_ensemble(paths: Sequence[str | os.PathLike]) -> list[dict[str, Any]]:
         raise CheckpointError("no checkpoints given")
     ckpts = [load_checkpoint(p) for p in paths]
     for path, ckpt in zip(paths[1:], ckpts[1:], strict=True):
-        if tokenizer_models(ckpt) != tokenizer_models(ckpts[0]):
+        if tokenizer_digests(ckpt, path) != tokenizer_digests(ckpts[0], paths[0]):
             raise CheckpointError(
                 f"{path} and {paths[0]} were trained with other tokenizers; an ensemble's models "
                 "must share them"

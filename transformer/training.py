@@ -26,11 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
 from transformer import run_dir
-from transformer.atomic import AtomicCheckpointIO
+from transformer.atomic import AtomicCheckpointIO, sweep_temporaries
 from transformer.callbacks import WeightEMA
 from transformer.checkpoints import read_model_config, read_tokenizer_models
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
+from transformer.resume import check_resume
 
 log = logging.getLogger(__name__)
 
@@ -173,6 +174,16 @@ def fit(
             torch.distributed.destroy_process_group()
 
 
+def sweep_checkpoint_dirs(cfg: DictConfig) -> None:
+    """Remove the temporary checkpoints that killed runs left in this run's directories and in
+    that of ``ckpt_path`` (:func:`transformer.atomic.sweep_temporaries`)."""
+    dirs = [*checks.output_dirs(cfg).values()]
+    dirs += [Path(cfg.ckpt_path).parent] if cfg.get("ckpt_path") else []
+    for directory in dirs:
+        for path in sweep_temporaries(directory):
+            log.info("removed %s, left by a process that no longer runs", path)
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
     model_cfg = checks.validate_config(cfg)  # before any data work
@@ -180,6 +191,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
     if cfg.get("ckpt_path"):  # resume with the tokenizers the weights were trained with
+        check_resume(cfg.ckpt_path, model_cfg, datamodule.hparams)
         adopt_pruned_heads(cfg)
         models = read_tokenizer_models(cfg.ckpt_path)
         if models is None:
@@ -188,6 +200,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
             datamodule.use_tokenizers(models["src"], models["tgt"], checkpoint=cfg.ckpt_path)
     checks.check_data_root(cfg.data)
     checks.check_writable(checks.output_dirs(cfg))
+    sweep_checkpoint_dirs(cfg)
     if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
         datamodule.tgt_vocab_size != model_cfg.tgt_vocab_size
     ):

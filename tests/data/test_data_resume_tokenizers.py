@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, write_lines
+from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, trained_elsewhere, write_lines
 from transformer.checkpoints import read_tokenizer_models
 from transformer.data import datamodule as dm_module
 from transformer.data.tokenizer import Tokenizer
@@ -82,13 +82,17 @@ def test_given_tokenizers_are_used_as_they_are(
         assert Tokenizer(tok.model_path).to_bytes() == tok.to_bytes()
 
 
-def test_token_ids_are_cached_per_tokenizer_content(corpus_dir, dm_kwargs, monkeypatch):
+@pytest.mark.parametrize("where", ["here", "elsewhere"])
+def test_token_ids_are_cached_per_tokenizer_content(corpus_dir, dm_kwargs, monkeypatch, where):
+    """The same models, given (``elsewhere``: trained again by another process, which
+    SentencePiece records in them): the token ids already cached for them are loaded, not
+    rebuilt."""
     first = build(root=str(corpus_dir), **dm_kwargs)
     calls = []
     monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts: calls.append(texts))
     monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
-    # the same models, given: the token ids already cached for them are loaded, not rebuilt
-    resumed = build(models(first), root=str(corpus_dir), **dm_kwargs)
+    given = models(first) if where == "here" else tuple(map(trained_elsewhere, models(first)))
+    resumed = build(given, root=str(corpus_dir), **dm_kwargs)
     assert calls == []
     assert resumed.src_tokenizer.model_path != first.src_tokenizer.model_path
     assert token_ids(resumed, "train") == token_ids(first, "train")

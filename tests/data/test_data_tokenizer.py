@@ -2,12 +2,22 @@
 
 from __future__ import annotations
 
+import os
 import pickle
+import subprocess
+import sys
 
 import pytest
 
-from tests.tiny import TINY_VOCAB, data_pairs
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+from tests.tiny import REPO, TINY_VOCAB, data_pairs, other_tokenizer, trained_elsewhere, write_lines
+from transformer.data.tokenizer import (
+    BOS_ID,
+    EOS_ID,
+    PAD_ID,
+    UNK_ID,
+    model_digest,
+    train_tokenizer,
+)
 from transformer.errors import DataError
 
 
@@ -57,3 +67,23 @@ def test_spm_train_sentences_caps_what_sentencepiece_trains_on(corpus_dir, dm_kw
     sample = build(source="local", root=str(corpus_dir), spm_train_sentences=200, **dm_kwargs)
     assert full.src_tokenizer.model_path != sample.src_tokenizer.model_path
     assert full.src_tokenizer.to_bytes() != sample.src_tokenizer.to_bytes()
+
+
+def test_two_processes_training_one_tokenizer_write_the_same_bytes(tmp_path):
+    """SentencePiece records in its model where it was written (a temporary path holding the
+    process id): two processes training the same tokenizer on the same data, into files of one
+    name in two folders, write the same bytes, and their models have one digest."""
+    en, de = data_pairs(300, 0)
+    text = write_lines(tmp_path / "text", en + de)
+    code = (
+        "import sys; from transformer.data.text_files import read_lines; "
+        "from transformer.data.tokenizer import train_tokenizer; "
+        f"train_tokenizer(read_lines(sys.argv[1]), sys.argv[2], {TINY_VOCAB})"
+    )
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for folder in ("a", "b"):
+        model = tmp_path / folder / "t.model"
+        subprocess.run([sys.executable, "-c", code, text, model], env=env, check=True)
+    a, b = ((tmp_path / folder / "t.model").read_bytes() for folder in ("a", "b"))
+    assert a == b
+    assert model_digest(a) == model_digest(trained_elsewhere(a)) != model_digest(other_tokenizer(a))

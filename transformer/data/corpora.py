@@ -55,6 +55,11 @@ class Corpus:
         return f"{self.source.src_lang}-{self.source.tgt_lang}"
 
 
+def corpus_options(entry: Mapping[str, Any], defaults: Mapping[str, Any]) -> dict[str, Any]:
+    """An entry of ``data.corpora`` with the keys it leaves out taken from ``data.*``."""
+    return {**{k: defaults.get(k) for k in CORPUS_KEYS}, **entry}
+
+
 def make_corpora(
     entries: list[Mapping[str, Any]] | None, defaults: Mapping[str, Any]
 ) -> list[Corpus]:
@@ -70,7 +75,7 @@ def make_corpora(
         unknown = sorted(set(entry) - set(ENTRY_KEYS))
         if unknown:
             raise DataError(f"{where}: unknown key(s) {unknown}; an entry may set {ENTRY_KEYS}")
-        opts = {**{k: defaults.get(k) for k in CORPUS_KEYS}, **entry}
+        opts = corpus_options(entry, defaults)
         weight = opts.get("weight", 1.0)
         if isinstance(weight, bool) or not isinstance(weight, int | float) or weight <= 0:
             raise DataError(f"{where}.weight must be a positive number, got {weight!r}")

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
+import signal
+import threading
 from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
@@ -13,6 +17,7 @@ import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
+from transformer.atomic import sweep_temporaries
 from transformer.data.collate import Collator, padded_sizes
 from transformer.data.corpora import (
     Corpus,
@@ -26,9 +31,9 @@ from transformer.data.text_files import ParallelText, checked
 from transformer.data.token_cache import (
     CACHE_FORMAT,
     ConcatSplit,
+    DamagedCache,
     TokenizedSplit,
     build_split,
-    file_digest,
     fingerprint,
 )
 from transformer.data.tokenizer import (
@@ -39,9 +44,35 @@ from transformer.data.tokenizer import (
     train_tokenizer,
 )
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
-from transformer.errors import DataError
+from transformer.errors import DataError, Interrupted
 
 log = logging.getLogger(__name__)
+
+
+@contextlib.contextmanager
+def _interruptible(what: str) -> Iterator[None]:
+    """Inside the block, SIGINT and SIGTERM raise :class:`Interrupted`: the exception removes the
+    temporaries being written on its way out (SIGTERM's default ends the process on the spot;
+    Lightning installs its own handler only after data preparation). The previous handlers come
+    back after the block."""
+    if threading.current_thread() is not threading.main_thread():  # (only it can set them)
+        yield
+        return
+
+    def stop(signum: int, frame: object) -> None:
+        name = signal.Signals(signum).name
+        raise Interrupted(
+            f"{name} during {what}: stopped; what was finished is kept and nothing half-written "
+            "is left; run the same command again to go on",
+            signum,
+        )
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, signal.SIG_DFL if handler is None else handler)
 
 
 class TranslationDataModule(L.LightningDataModule):
@@ -56,10 +87,10 @@ class TranslationDataModule(L.LightningDataModule):
 
     Caches, under ``cache_dir``: ``spm/<corpus>.<langs>.<type><vocab>.<hash>.model`` (the hash
     covers the training split's identity and the tokenizer settings) and
-    ``tok/<corpus>.<split>.<src>-<tgt>.<hash>/`` (covering the split's identity, the tokenizer
-    files' contents and ``max_len``). A raw file's identity is its path, size and mtime.
-    Tokenizers given by :meth:`use_tokenizers` (a checkpoint's, when resuming) replace the trained
-    ones and are saved as ``spm/<corpus>.<langs>.<hash>.model``, the hash of their contents.
+    ``tok/<corpus>.<split>.<src>-<tgt>.<hash>/`` (covering the split's identity, what the
+    tokenizers do, :attr:`Tokenizer.digest`, and ``max_len``). A raw file's identity is its path,
+    size and mtime. Tokenizers given by :meth:`use_tokenizers` (a checkpoint's, when resuming)
+    replace the trained ones and are saved as ``spm/<corpus>.<langs>.<digest>.model``.
 
     Training pairs with an empty side or more than ``max_len`` pieces on a side are dropped (and
     counted in the log); validation and test splits are kept whole, in corpus order, so that
@@ -268,8 +299,16 @@ class TranslationDataModule(L.LightningDataModule):
         return self.tokenizer_files.load(src_path, tgt_path)
 
     def _build(self) -> None:
-        """Make sure tokenizers and token-id caches exist, building only what is missing, and
-        load them."""
+        """Make sure tokenizers and token-id caches exist, building only what is missing (or
+        damaged), and load them. Ctrl-C or SIGTERM stop it with :class:`Interrupted`, leaving
+        no temporary behind; those of killed runs are removed first."""
+        for folder in ("spm", "tok"):
+            for path in sweep_temporaries(self.cache_dir / folder):
+                log.info("removed %s, left by a process that no longer runs", path)
+        with _interruptible("data preparation"):
+            self._build_caches()
+
+    def _build_caches(self) -> None:
         keys = [(c, s) for c in range(len(self.corpora)) for s in self._splits_of(c)]
         for c, corpus in enumerate(self.corpora):
             corpus.source.prepare(self._splits_of(c))
@@ -277,11 +316,18 @@ class TranslationDataModule(L.LightningDataModule):
         trains = [(c, corpus.splits["train"]) for c, corpus in enumerate(self.corpora)]
         train_identity = "+".join(identities[key] for key in trains)
         self.src_tokenizer, self.tgt_tokenizer = self._tokenizers(train_identity)
-        tok_digest = "+".join(
-            file_digest(t.model_path) for t in (self.src_tokenizer, self.tgt_tokenizer)
-        )
+        tok_digest = "+".join(t.digest for t in (self.src_tokenizer, self.tgt_tokenizer))
         paths = {(c, s): self._split_path(c, s, identities[c, s], tok_digest) for c, s in keys}
-        missing = [key for key in keys if not paths[key].exists()]
+        splits: dict[tuple[int, str], TokenizedSplit] = {}
+        for key in keys:
+            if paths[key].exists():
+                try:
+                    splits[key] = TokenizedSplit.load(paths[key])
+                    log.info("%s/%s: token ids from cache %s", self._tag(key), key[1], paths[key])
+                except DamagedCache as err:  # made again from the text
+                    log.warning("%s: building it again", err)
+                    shutil.rmtree(paths[key])
+        missing = [key for key in keys if key not in splits]
         for c, s in missing:  # the small splits first: bad input fails before the long work
             if (c, s) not in trains:
                 self._read(s, c)
@@ -292,16 +338,15 @@ class TranslationDataModule(L.LightningDataModule):
                 self.tgt_tokenizer,
                 paths[c, s],
                 self.max_len if (c, s) in trains else None,
-                f"{self.corpora[c].source.tag}/{s}",
+                f"{self._tag((c, s))}/{s}",
             )
-        for c, s in keys:
-            if (c, s) not in missing:
-                log.info(
-                    "%s/%s: token ids from cache %s", self.corpora[c].source.tag, s, paths[c, s]
-                )
-            self._splits[c, s] = TokenizedSplit.load(paths[c, s])
-        parts = self._train_parts = [self._splits[key] for key in trains]
+            splits[c, s] = TokenizedSplit.load(paths[c, s])
+        self._splits = splits
+        parts = self._train_parts = [splits[key] for key in trains]
         self._train = parts[0] if len(parts) == 1 else ConcatSplit(parts)
+
+    def _tag(self, key: tuple[int, str]) -> str:
+        return self.corpora[key[0]].source.tag
 
     def prepare_data(self) -> None:
         self._build()
@@ -320,12 +365,14 @@ class TranslationDataModule(L.LightningDataModule):
         return self._splits[self._corpus(direction), self.split_name(name, direction)]
 
     def check_fits(self, name: str, max_positions: int) -> None:
-        """Refuse a split (kept whole, unlike training's) that has a pair the model cannot take,
-        in any direction: :meth:`TokenizedSplit.check_fits`."""
+        """Refuse a split (kept whole, unlike training's) that has a pair the model cannot take
+        or that does not fit a batch of ``max_tokens``, in any direction:
+        :meth:`TokenizedSplit.check_fits`."""
         for direction in self.directions:
             tag = self.corpora[self._corpus(direction)].source.tag
             where = f"{tag}/{self.split_name(name, direction)}"
-            self.split(name, direction).check_fits(where, max_positions)
+            split = self.split(name, direction)
+            split.check_fits(where, max_positions, self.max_tokens, self.pad_to_multiple)
 
     def _sampler(
         self,

@@ -14,9 +14,9 @@ import gzip
 import json
 import os
 import sys
+import zlib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
-from functools import partial
 from itertools import chain, islice, zip_longest
 from pathlib import Path
 
@@ -77,16 +77,41 @@ def read_lines(path: str | os.PathLike) -> list[str]:
 
 def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
     """The lines of a UTF-8 text file (plain or ``.gz``, or ``-``: standard input), a block of
-    them at a time (:func:`line_blocks`)."""
+    them at a time (:func:`line_blocks`). A file that cannot be read, or a ``.gz`` file that is
+    not gzip or ends early, raises :class:`DataError` naming it."""
     origin = "input=-" if str(path) == "-" else str(path)
-    with _open_input(path) as f:  # read1: a pipe's bytes as they come, not 16 MB at a time
-        yield from line_blocks(iter(partial(f.read1, BLOCK_BYTES), b""), origin)
+    try:
+        f = _open_input(path)
+    except OSError as err:
+        raise DataError(f"{origin} cannot be read ({err.strerror}); check the path") from err
+    with f:
+        yield from line_blocks(_reads(f, origin), origin)
 
 
 def _open_input(path: str | os.PathLike):
     if str(path) == "-":
         return contextlib.nullcontext(sys.stdin.buffer)
     return _open_bytes(Path(path))
+
+
+def _reads(f, origin: str) -> Iterator[bytes]:
+    """The bytes of ``f`` as they come (``read1``: a pipe's bytes without waiting for 16 MB); a
+    damaged ``.gz`` or a read error becomes a :class:`DataError` naming ``origin``."""
+    try:
+        while block := f.read1(BLOCK_BYTES):
+            yield block
+    except gzip.BadGzipFile as err:
+        raise DataError(
+            f"{origin} is not a gzip file ({err}) although its name ends in .gz; compress it "
+            "(gzip FILE) or drop the .gz from its name"
+        ) from err
+    except (EOFError, zlib.error) as err:
+        raise DataError(
+            f"{origin}: its gzip data is truncated or damaged ({err}); copy or download it "
+            "again (gzip -t FILE tests a file)"
+        ) from err
+    except OSError as err:
+        raise DataError(f"{origin} cannot be read ({err.strerror or err})") from err
 
 
 def read_line_chunks(path: str, size: int, skip: int = 0) -> Iterator[tuple[int, list[str]]]:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -17,7 +16,7 @@ import pyarrow.compute as pc
 from torch.utils.data import Dataset
 
 from transformer.atomic import atomic_directory
-from transformer.data.collate import Example
+from transformer.data.collate import Example, round_up
 from transformer.data.text_files import ParallelText
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import DataError
@@ -30,19 +29,14 @@ _IDS = pa.list_(pa.int32())
 SCHEMA = pa.schema([("id", pa.int64()), ("src_ids", _IDS), ("tgt_ids", _IDS)])
 
 
+class DamagedCache(DataError):
+    """A token cache that cannot be read back (the data module builds it again)."""
+
+
 def fingerprint(*parts: object) -> str:
     """A short hex digest of JSON-serialisable parts."""
     blob = json.dumps(parts, sort_keys=True, default=str).encode()
     return hashlib.sha1(blob).hexdigest()[:16]
-
-
-def content_digest(data: bytes) -> str:
-    """A short hex digest of a file's contents (as :func:`file_digest` gives for the file)."""
-    return hashlib.sha1(data).hexdigest()[:16]
-
-
-def file_digest(path: str | os.PathLike) -> str:
-    return content_digest(Path(path).read_bytes())
 
 
 def build_split(
@@ -147,16 +141,30 @@ class TokenizedSplit(Dataset):
 
     @classmethod
     def load(cls, path: Path) -> TokenizedSplit:
-        table = pa.ipc.open_file(pa.memory_map(str(path / TOKENS_FILE))).read_all()
+        """The split cached in ``path``; a damaged file (cut short, overwritten, not Arrow)
+        raises :class:`DamagedCache`. The check reads the list offsets, which loading reads anyway,
+        not the token ids."""
+        file = path / TOKENS_FILE
+        try:
+            table = pa.ipc.open_file(pa.memory_map(str(file))).read_all()
+            if table.schema != SCHEMA:
+                raise pa.ArrowInvalid(f"columns {table.schema.names}, not {SCHEMA.names}")
+            table.validate(full=True)
+        except (pa.ArrowInvalid, OSError) as err:
+            raise DamagedCache(f"the token cache {file} is damaged ({err})") from err
         return cls(table.column("id").to_numpy(), table.column("src_ids"), table.column("tgt_ids"))
 
     def __len__(self) -> int:
         return len(self.ids)
 
-    def check_fits(self, name: str, max_positions: int) -> None:
+    def check_fits(
+        self, name: str, max_positions: int, max_tokens: int | None = None, pad_to_multiple: int = 1
+    ) -> None:
         """Raise :class:`DataError` if a pair has more than ``max_positions`` pieces on a side
-        with bos/eos (``name``: the split, for the message)."""
-        over = np.flatnonzero(np.maximum(self.src_lens, self.tgt_lens) + 1 > max_positions)
+        with bos/eos, or (given ``max_tokens``, a batch's budget) fills more than a batch
+        (``name``: the split, for the message)."""
+        longer = np.maximum(self.src_lens, self.tgt_lens) + 1  # with bos/eos
+        over = np.flatnonzero(longer > max_positions)
         if over.size:
             i = int(over[0])
             raise DataError(
@@ -164,6 +172,18 @@ class TokenizedSplit(Dataset):
                 f"{max_positions} pieces with bos/eos (first: pair {int(self.ids[i]) + 1} in "
                 f"corpus order, {self.src_lens[i]} source / {self.tgt_lens[i]} target pieces); "
                 "raise model.max_positions or shorten them"
+            )
+        if max_tokens is None:
+            return
+        need = round_up(longer, pad_to_multiple)  # the tokens of a batch of one
+        over = np.flatnonzero(need > max_tokens)
+        if over.size:
+            i = int(over[0])
+            raise DataError(
+                f"{name}: {over.size} sentence pair(s) longer than data.max_tokens={max_tokens}, "
+                f"the tokens of a batch (first: pair {int(self.ids[i]) + 1} in corpus order, "
+                f"{need[i]} tokens with bos/eos); raise data.max_tokens to at least "
+                f"{need.max()} or shorten them"
             )
 
     def __getitem__(self, i: int) -> Example:

@@ -2,19 +2,31 @@
 
 The ids ``pad=0, unk=1, bos=2, eos=3`` are fixed for the whole project: the model sizes its
 embedding and zeroes the padding row from them, so every tokenizer is trained with exactly these.
+
+Two tokenizers are the same when they tokenize alike: their models are compared (and caches
+named) by :func:`model_digest`, which leaves out where and how a model was trained.
 """
 
 from __future__ import annotations
 
 import copy
+import hashlib
+import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+from google.protobuf.message import DecodeError
+from sentencepiece import sentencepiece_model_pb2
 
+from transformer.atomic import atomic_write
 from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -27,6 +39,29 @@ EOS_ID = 3
 MODEL_TYPES = ("unigram", "bpe")
 
 WORD_START = "\u2581"  # SentencePiece's space
+
+# The TrainerSpec fields that record where and on how many threads a model was trained (its
+# input files, its output path, which held a temporary name with a process id), not what it does.
+RUN_RECORD = ("input", "input_format", "model_prefix", "num_threads")
+
+
+def canonical_model(model: bytes) -> bytes:
+    """A serialized SentencePiece model without :data:`RUN_RECORD`: its pieces, scores, types,
+    normalizer and the trainer options that tokenizing reads (model type, special ids, byte
+    fallback, ...). Two models that tokenize alike have the same canonical bytes."""
+    try:
+        proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    except DecodeError as err:
+        raise DataError(f"not a SentencePiece model ({err})") from err
+    for name in RUN_RECORD:
+        proto.trainer_spec.ClearField(name)
+    return proto.SerializeToString(deterministic=True)
+
+
+def model_digest(model: bytes) -> str:
+    """A short hex digest of what a serialized SentencePiece model does (its
+    :func:`canonical_model`): equal for two trainings of one tokenizer on the same data."""
+    return hashlib.sha1(canonical_model(model)).hexdigest()[:16]
 
 
 def word_index(ids: Sequence[int], pieces: Sequence[str]) -> list[int]:
@@ -49,7 +84,13 @@ class Tokenizer:
         self.model_path = Path(model_path)
         self.prefix: tuple[int, ...] = ()  # ids put before every non-empty encoding
         if model_proto is not None:
-            self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+            try:
+                self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
+            except RuntimeError as err:
+                raise DataError(
+                    f"tokenizer model {self.model_path.name} is damaged: SentencePiece cannot "
+                    f"read its bytes ({str(err).strip()})"
+                ) from err
         elif not self.model_path.is_file():
             raise DataError(
                 f"tokenizer model {self.model_path} does not exist; delete the data cache "
@@ -77,6 +118,11 @@ class Tokenizer:
     def to_bytes(self) -> bytes:
         """The serialized model: ``Tokenizer(name, model_proto=...)`` rebuilds it anywhere."""
         return self._sp.serialized_model_proto()
+
+    @property
+    def digest(self) -> str:
+        """:func:`model_digest` of the model: equal for tokenizers that tokenize alike."""
+        return model_digest(self.to_bytes())
 
     def with_prefix(self, pieces: Sequence[str]) -> Tokenizer:
         """This tokenizer, but each non-empty encoding starts with ``pieces`` (a multilingual
@@ -173,38 +219,88 @@ def train_tokenizer(
     ``model_path`` (a ``.model`` file). ``symbols`` (tags such as ``<bt>``, target tokens such
     as ``<2de>``) become pieces of their own, never split.
 
-    The file appears atomically (trained under a temporary prefix, then renamed), so an interrupted
-    run never leaves a half-written model that a later run would reuse.
+    SentencePiece trains in a child process (:func:`_train_in_child`), so that Ctrl-C or SIGTERM
+    stop it at once; the model comes back as bytes, in its :func:`canonical_model` form (the same
+    bytes for the same data and settings, whichever process trained it), and is written
+    atomically: an interrupted run leaves no file, whole or half-written, behind.
     """
     if model_type not in MODEL_TYPES:
         raise ValueError(f"spm_model_type must be one of {MODEL_TYPES}, got {model_type!r}")
     model_path = Path(model_path)
-    model_path.parent.mkdir(parents=True, exist_ok=True)
-    prefix = model_path.with_name(f".{model_path.stem}.{os.getpid()}.tmp")
+    options = dict(
+        vocab_size=vocab_size,
+        model_type=model_type,
+        pad_id=PAD_ID,
+        unk_id=UNK_ID,
+        bos_id=BOS_ID,
+        eos_id=EOS_ID,
+        character_coverage=1.0,
+        input_sentence_size=max_sentences,
+        user_defined_symbols=list(symbols),
+        shuffle_input_sentence=True,
+        num_threads=os.cpu_count() or 1,
+        minloglevel=2,
+    )
+    log.info("training a %s SentencePiece model %s", model_type, model_path)
+    model = _train_in_child([t for t in texts if t.strip()], options, model_path.name)
+    model = canonical_model(model)
     try:
-        spm.SentencePieceTrainer.train(
-            sentence_iterator=(t for t in texts if t.strip()),
-            model_prefix=str(prefix),
-            vocab_size=vocab_size,
-            model_type=model_type,
-            pad_id=PAD_ID,
-            unk_id=UNK_ID,
-            bos_id=BOS_ID,
-            eos_id=EOS_ID,
-            character_coverage=1.0,
-            input_sentence_size=max_sentences,
-            user_defined_symbols=list(symbols),
-            shuffle_input_sentence=True,
-            num_threads=os.cpu_count() or 1,
-            minloglevel=2,
-        )
-    except RuntimeError as err:
+        atomic_write(model_path, lambda f: f.write(model))
+    except OSError as err:
         raise DataError(
-            f"SentencePiece training for {model_path.name} failed: {err}. If the vocabulary is too "
-            f"large for this corpus, lower data.vocab_size (now {vocab_size})"
+            f"could not write the tokenizer model {model_path} ({err.strerror or err}); free space "
+            "there or set data.cache_dir to a disk with room"
         ) from err
-    os.replace(f"{prefix}.model", model_path)
-    Path(f"{prefix}.vocab").unlink(missing_ok=True)
     tokenizer = Tokenizer(model_path)
     log.info("trained %s SentencePiece model %s", model_type, model_path)
     return tokenizer
+
+
+# The child's program: the sentences on stdin, one a line; the options as JSON in argv[1]; the
+# model's bytes on stdout; SentencePiece's error as the last line of stderr. It imports only
+# SentencePiece, and dies at once on SIGINT (a Python handler would wait for the C++ training).
+_CHILD = """
+import json, signal, sys
+signal.signal(signal.SIGINT, signal.SIG_DFL)
+import sentencepiece as spm
+data = sys.stdin.buffer.read().decode("utf-8")
+sentences = data.split("\\n") if data else []
+try:
+    spm.SentencePieceTrainer.train(
+        sentence_iterator=iter(sentences), model_writer=sys.stdout.buffer, **json.loads(sys.argv[1])
+    )
+except RuntimeError as err:
+    sys.exit(str(err).strip())
+"""
+
+
+def _train_in_child(sentences: list[str], options: dict[str, Any], name: str) -> bytes:
+    """SentencePiece's training of model ``name`` in a child process, given the sentences (none
+    holds a newline) and its options; the serialized model. The child is killed when this call
+    ends early (an exception, Ctrl-C, or SIGTERM turned into an exception): it never outlives
+    the call."""
+    cmd = [sys.executable, "-c", _CHILD, json.dumps(options)]
+    pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(cmd, **pipes)
+    try:
+        model, err = proc.communicate("\n".join(sentences).encode("utf-8"))
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    if proc.returncode < 0:
+        signum = signal.Signals(-proc.returncode)
+        hint = (
+            f": out of memory? lower data.spm_train_sentences (now "
+            f"{options['input_sentence_size']})"
+            if signum == signal.SIGKILL
+            else ""
+        )
+        raise DataError(f"SentencePiece training for {name} was stopped by {signum.name}{hint}")
+    if proc.returncode:
+        lines = err.decode("utf-8", "replace").strip().splitlines() or ["(no message)"]
+        raise DataError(
+            f"SentencePiece training for {name} failed: {lines[-1]}. If the vocabulary is too "
+            f"large for this corpus, lower data.vocab_size (now {options['vocab_size']})"
+        )
+    return model

@@ -1,6 +1,6 @@
 """Which SentencePiece models a run uses and where they live in the cache (``cache_dir/spm``):
 those trained on the training split, named by the split's identity and the settings, or a
-checkpoint's, named by their contents."""
+checkpoint's, named by what they do (:func:`model_digest`)."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.atomic import atomic_write
-from transformer.data.token_cache import content_digest, fingerprint
-from transformer.data.tokenizer import MODEL_TYPES, Tokenizer
-from transformer.errors import DataError
+from transformer.data.token_cache import fingerprint
+from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, model_digest
+from transformer.errors import CheckpointError, DataError
 
 
 @dataclass(frozen=True)
@@ -73,27 +73,33 @@ class TokenizerFiles:
     def from_checkpoint(
         self, src: bytes, tgt: bytes, checkpoint: str | os.PathLike
     ) -> tuple[Tokenizer, Tokenizer]:
-        """The models ``checkpoint`` was trained with (their bytes, equal for a joint vocabulary),
-        checked against these settings; :func:`save_missing` writes them to the cache."""
-        if self.joint and src != tgt:
+        """The models ``checkpoint`` was trained with (their bytes, alike for a joint vocabulary),
+        checked against these settings; :func:`save_missing` writes them to the cache, named by
+        what they do (:func:`model_digest`)."""
+        tokenizers = []
+        for side, lang, model in (("source", self.src_lang, src), ("target", self.tgt_lang, tgt)):
+            name = f"{self.corpus}.{self._langs if self.joint else lang}"
+            try:
+                path = self.spm_dir / f"{name}.{model_digest(model)}.model"
+                tokenizers.append(Tokenizer(path, model_proto=model))
+            except DataError as err:
+                raise CheckpointError(
+                    f"checkpoint {checkpoint}: its {side} tokenizer is damaged ({err}); resume "
+                    "from another checkpoint of the run (they hold the same tokenizers)"
+                ) from err
+        src_tok, tgt_tok = tokenizers
+        if self.joint and src_tok.digest != tgt_tok.digest:
             raise DataError(
                 f"checkpoint {checkpoint} has separate source and target tokenizers, but "
                 "data.joint_vocab=true; resume with data.joint_vocab=false, as it was trained"
             )
-        tokenizers = []
-        for side, lang, model in (("source", self.src_lang, src), ("target", self.tgt_lang, tgt)):
-            name = f"{self.corpus}.{self._langs if self.joint else lang}"
-            tok = Tokenizer(
-                self.spm_dir / f"{name}.{content_digest(model)}.model", model_proto=model
-            )
+        for side, tok in zip(("source", "target"), tokenizers, strict=True):
             if tok.vocab_size != self.vocab_size:
                 raise DataError(
                     f"the {side} tokenizer of checkpoint {checkpoint} has {tok.vocab_size} "
                     f"pieces, but data.vocab_size={self.vocab_size}; resume with "
                     f"data.vocab_size={tok.vocab_size}, the setting it was trained with"
                 )
-            tokenizers.append(tok)
-        src_tok, tgt_tok = tokenizers
         return src_tok, src_tok if self.joint else tgt_tok
 
 
