@@ -60,16 +60,21 @@ def explicit_attention(
 ) -> tuple[Tensor, Tensor]:
     """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk).
 
-    Weights are exactly 0 at disallowed keys; a row with no allowed key is all zeros (not NaN).
+    ``allowed`` is either of SDPA's masks: bool, True where attention is allowed, or additive
+    (:func:`transformer.masks.padding_bias`). Weights are exactly 0 at disallowed keys; with a
+    bool mask, a row with no allowed key is all zeros (not NaN).
     """
     k, v = repeat_heads(k, q.size(1)), repeat_heads(v, q.size(1))  # (B, H, Tk, Dh)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
-    if allowed is not None:
+    boolean = allowed is not None and allowed.dtype == torch.bool
+    if boolean:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    elif allowed is not None:
+        scores = scores + allowed
     # bf16/fp16 scores: softmax in float32; float32 and float64 keep their own precision
     weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.to(v.dtype)
-    if allowed is not None:
+    if boolean:
         weights = weights.masked_fill(~allowed, 0.0)
     return dropout(weights, dropout_p) @ v, weights
 
@@ -102,6 +107,8 @@ def sdpa(
         if is_causal:
             attn_mask = causal_allowed(q.size(2), k.size(2), device=q.device)
         return explicit_attention(q, k, v, attn_mask, dropout_p)[0]
+    if attn_mask is not None and attn_mask.is_floating_point():  # additive: the kernel's dtype
+        attn_mask = attn_mask.float()
     with torch.autocast("cpu", enabled=False):  # autocast would cast the inputs back
         out = F.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=attn_mask, dropout_p=dropout_p,
@@ -211,6 +218,7 @@ class MultiheadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        attn_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Tq, q_dim) to itself, or to ``memory`` (B, S, kv_dim) if cross.
 
@@ -219,6 +227,9 @@ class MultiheadAttention(nn.Module):
         causal: forbid attending to later positions; with a cache, new queries follow the cached.
         cache: self-attention appends this call's keys/values; cross-attention fills it from
             ``memory`` on first use and afterwards reads it (``memory`` may then be None).
+        attn_mask: the keys' padding as the kernels take it, (B, 1, 1, Tk) from
+            :func:`transformer.masks.padding_bias`, built once per batch by the layer stack; it
+            replaces ``key_padding_mask`` (for attention without ``causal`` and ``cache``).
         Returns the output (B, Tq, d_model) and, if ``need_weights``, weights (B, H, Tq, Tk).
         """
         B, Tq, _ = x.shape
@@ -251,7 +262,11 @@ class MultiheadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
 
         if need_weights:
-            allowed = attention_allowed(key_padding_mask, causal, q.size(2), Tk, offset, x.device)
+            allowed = attn_mask
+            if allowed is None:
+                allowed = attention_allowed(
+                    key_padding_mask, causal, q.size(2), Tk, offset, x.device
+                )
             out, weights = explicit_attention(q, k, v, allowed, dropout_p)
         else:
             weights = None
@@ -261,7 +276,9 @@ class MultiheadAttention(nn.Module):
             # needs no mask at all.
             fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
             needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
-            allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
+            allowed = attn_mask
+            if allowed is None:
+                allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
             step = cache is not None and Tq == 1 and not needs_mask and not dropout_p
             if step and x.device.type == "cpu" and self.num_heads:  # (pruned to none: SDPA)
                 out = step_attention(q, k, v, allowed)

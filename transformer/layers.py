@@ -12,6 +12,8 @@ from transformer.config import TransformerConfig
 from transformer.dropout import Dropout
 from transformer.kv_cache import DecoderCache, KVCache
 from transformer.linear import Linear
+from transformer.masks import padding_bias
+from transformer.precision import compute_dtype
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
 
@@ -71,9 +73,10 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, pad_mask: Tensor | None, need_weights: bool) -> SublayerOut:
+    def forward(self, x: Tensor, attn_mask: Tensor | None, need_weights: bool) -> SublayerOut:
+        """attn_mask: the padding as :func:`transformer.masks.padding_bias` gives it."""
         x, weights = self.attn_block(
-            x, lambda h: self.self_attn(h, key_padding_mask=pad_mask, need_weights=need_weights)
+            x, lambda h: self.self_attn(h, attn_mask=attn_mask, need_weights=need_weights)
         )
         x, _ = self.ffn_block(x, self.ffn)
         return x, weights
@@ -96,7 +99,10 @@ class DecoderLayer(nn.Module):
         self_cache: KVCache | None,
         cross_cache: KVCache | None,
         need_weights: bool,
+        memory_mask: Tensor | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """memory_mask: the memory's padding as :func:`transformer.masks.padding_bias` gives it,
+        in place of ``memory_pad_mask`` (True at padding), which cached decoding passes."""
         # Targets are right-padded, so causality alone keeps every real query off padded keys;
         # padded queries attend to something harmless and their outputs are ignored by the loss.
         x, self_w = self.self_block(
@@ -110,6 +116,7 @@ class DecoderLayer(nn.Module):
                 key_padding_mask=memory_pad_mask,
                 cache=cross_cache,
                 need_weights=need_weights,
+                attn_mask=memory_mask,
             ),  # fmt: skip
         )
         x, _ = self.ffn_block(x, self.ffn)
@@ -126,8 +133,9 @@ class Encoder(nn.Module):
         self, x: Tensor, pad_mask: Tensor | None, weights: list[Tensor] | None = None
     ) -> Tensor:
         """x (B, S, D) -> (B, S, D); appends each layer's (B, H, S, S) weights to ``weights``."""
+        mask = None if pad_mask is None else padding_bias(pad_mask, compute_dtype(x))  # one a batch
         for layer in self.layers:
-            x, w = layer(x, pad_mask, need_weights=weights is not None)
+            x, w = layer(x, mask, need_weights=weights is not None)
             if weights is not None:
                 weights.append(w)
         return self.norm(x)
@@ -153,13 +161,16 @@ class Decoder(nn.Module):
         With a cache, ``memory`` and its mask come from the cache and T' counts cached steps too.
         """
         need_weights = self_weights is not None
+        memory_mask = None  # built once for all layers; cached steps take the cache's pad mask
         if cache is not None:
             memory_pad_mask = cache.memory_pad_mask
+        elif memory_pad_mask is not None:
+            memory_mask, memory_pad_mask = padding_bias(memory_pad_mask, compute_dtype(x)), None
         for i, layer in enumerate(self.layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None
             x, self_w, cross_w = layer(
-                x, memory, memory_pad_mask, self_cache, cross_cache, need_weights
+                x, memory, memory_pad_mask, self_cache, cross_cache, need_weights, memory_mask
             )
             if need_weights:
                 self_weights.append(self_w)
