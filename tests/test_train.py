@@ -123,8 +123,8 @@ DATA_KEYS = {
     "_target_": "transformer.data.datamodule.TranslationDataModule", "src_lang": "en",
     "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
     "joint_vocab": True, "spm_train_sentences": 500_000, "max_tokens": 4096, "batch_size": 64,
-    "max_len": 128, "pad_to_multiple": 1, "num_workers": 2, "seed": 1234, "cache_dir": "data/cache",
-    "prepare_per_node": True, "corpora": None, "target_token": False,
+    "max_len": 128, "pad_to_multiple": 1, "num_buckets": 0, "num_workers": 2, "seed": 1234,
+    "cache_dir": "data/cache", "prepare_per_node": True, "corpora": None, "target_token": False,
 }  # fmt: skip
 DATA_SOURCES = {
     "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,

@@ -177,6 +177,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         max_bad_steps=int(cfg.loss.max_bad_steps),
         compile_model=cfg.get("compile", False),
         compile_backend=cfg.get("compile_backend", "inductor"),
+        shape_buckets=int(cfg.data.get("num_buckets", 0)),
     )
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
 
