@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import os
 import shutil
-from functools import partial
 
 import lightning as L
 import numpy as np
@@ -32,19 +31,18 @@ from transformer.lit_module import TranslationModule, compile_options
         ),
     ],
 )
-def test_compiled_training_matches_eager_and_checkpoints_load_uncompiled(backend, monkeypatch):
+def test_compiled_training_matches_eager_and_checkpoints_load_uncompiled(backend):
     """A few AdamW steps on batches of changing shapes: torch.compile (dynamic shapes, no
     recompile per shape) gives the eager losses, and its weights load into an uncompiled model.
     aot_eager traces the same graphs, forward and backward, as inductor, without generating code."""
     if backend == "inductor" and shutil.which(os.environ.get("CXX", "g++")) is None:
         pytest.skip("torch.compile's CPU backend (inductor) needs a C++ compiler; none found")
-    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend=backend))
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     layers = dict(num_encoder_layers=1, num_decoder_layers=1)  # tracing time is per layer
     cfg = tiny_model_config(20, dropout=0.0, **layers)
     eager = TranslationModule(cfg)
-    compiled = TranslationModule(cfg, compile_model=True)
+    compiled = TranslationModule(cfg, compile_model=True, compile_backend=backend)
     compiled.load_state_dict(eager.state_dict())
     shapes = [[(5, 2), (3, 9)], [(4, 4), (6, 3), (2, 7)], [(7, 8), (3, 3)]]
     losses = {}

@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import check_heads
 from transformer.dropout import dropout
@@ -185,6 +187,9 @@ class MultiheadAttention(nn.Module):
             self.out_proj = Linear(self.q_width, d_model, bias=bias)
         # (H,) per-head output scale; not saved in checkpoints, follows the module's device.
         self.register_buffer("head_mask", None, persistent=False)
+        # SDPA's backends this module's calls may use, first preferred; None: as set around it
+        # (transformer.sdpa_backends.selected sets this where attention types differ).
+        self.sdpa_backends: list[SDPBackend] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -283,10 +288,12 @@ class MultiheadAttention(nn.Module):
             if step and x.device.type == "cpu" and self.num_heads:  # (pruned to none: SDPA)
                 out = step_attention(q, k, v, allowed)
             else:
-                out = sdpa(
-                    q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
-                    enable_gqa=self.num_kv_heads != self.num_heads,
-                )  # fmt: skip
+                backends = self.sdpa_backends
+                with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
+                    out = sdpa(
+                        q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
+                        enable_gqa=self.num_kv_heads != self.num_heads,
+                    )  # fmt: skip
         if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
             out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
             if weights is not None:

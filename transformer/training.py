@@ -24,6 +24,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
+from transformer import sdpa_backends
 from transformer.atomic import AtomicCheckpointIO
 from transformer.callbacks import WeightEMA
 from transformer.checkpoints import read_model_config, read_tokenizer_models
@@ -88,6 +89,14 @@ def precision_options(trainer_cfg: DictConfig) -> dict[str, Any]:
         return {"precision": precision}
     log.warning("trainer.precision=16-mixed on CPU: float16 is slow here; bf16-mixed is faster")
     return {"plugins": [MixedPrecision("16-mixed", "cpu")]}
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype a Lightning precision (``bf16-mixed``, ``16-true``, ``32-true``, ...) computes
+    the model's products in."""
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    return torch.float16 if precision.startswith("16") else torch.float32
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
@@ -206,13 +215,18 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # no checkpoint is ever left half-written
         plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],
     )
+    backends = sdpa_backends.parse(cfg.get("sdpa_backends"))
+    kernels = sdpa_backends.describe(
+        module.model, backends, trainer.strategy.root_device, precision_dtype(trainer.precision)
+    )
+    log.info("attention kernels (sdpa_backends): %s", kernels)
     flat = flatten(OmegaConf.to_container(cfg, resolve=True))  # type: ignore[arg-type]
     flat["model.num_parameters"] = module.model.num_parameters()
     for lg in trainer.loggers:
         lg.log_hyperparams(flat)
 
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), sdpa_backends.selected(module.model, backends):
             # Lightning's warning for a checkpoint taken inside an epoch, whose loader has no
             # state_dict: the datamodule holds the sampler's position and resumes it exactly
             warnings.filterwarnings("ignore", "You're resuming from a checkpoint that ended before")
