@@ -212,7 +212,11 @@ class MultiheadAttention(nn.Module):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output: (B, S, kv_dim) -> 2 x (B, Hkv, S, Dh)."""
-        k, v = self.kv_proj(memory).split([self.kv_width, self.kv_width], dim=-1)
+        return self.split_kv(self.kv_proj(memory))
+
+    def split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """``kv_proj``'s output (B, S, 2 * kv_width) -> keys and values, 2 x (B, Hkv, S, Dh)."""
+        k, v = kv.split([self.kv_width, self.kv_width], dim=-1)
         return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
 
     def forward(
@@ -224,6 +228,7 @@ class MultiheadAttention(nn.Module):
         cache: KVCache | None = None,
         need_weights: bool = False,
         attn_mask: Tensor | None = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Tq, q_dim) to itself, or to ``memory`` (B, S, kv_dim) if cross.
 
@@ -235,13 +240,17 @@ class MultiheadAttention(nn.Module):
         attn_mask: the keys' padding as the kernels take it, (B, 1, 1, Tk) from
             :func:`transformer.masks.padding_bias`, built once per batch by the layer stack; it
             replaces ``key_padding_mask`` (for attention without ``causal`` and ``cache``).
+        memory_kv: cross-attention's keys and values of ``memory``, 2 x (B, Hkv, S, Dh), projected
+            beforehand (the decoder projects all its layers' at once); they replace ``memory``.
         Returns the output (B, Tq, d_model) and, if ``need_weights``, weights (B, H, Tq, Tk).
         """
         B, Tq, _ = x.shape
         offset = 0
         if self.cross:
             q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
-            if cache is not None and cache.k is not None:
+            if memory_kv is not None:
+                k, v = memory_kv  # (B, Hkv, S, Dh)
+            elif cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
                 if memory is None:
