@@ -12,7 +12,8 @@ Callers describe masking in two ways, and only in these two ways:
 Inside the attention module both are turned, here and nowhere else, into one boolean
 ``allowed`` tensor broadcastable to ``(B, H, Tq, Tk)`` that is **True where attention is allowed**:
 the polarity of ``torch.nn.functional.scaled_dot_product_attention``'s boolean ``attn_mask``.
-A query row with no allowed key produces a zero output and zero weights, never NaN.
+A query row with no allowed key produces a zero output and zero weights, never NaN (under
+:func:`padding_bias` the average of the values: finite too).
 
 A layer stack turns its padding once per batch into the form the kernels take,
 :func:`padding_bias`, and hands that to every layer, rather than each layer building ``allowed``
@@ -40,7 +41,8 @@ def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
     wants them (it copies a mask that is not); not while compiling, where the rounding of a
     symbolic length would become a guard. The lowest number rather than -inf: a query that has
     an allowed key gets the same weights (exp of a masked score underflows to exactly 0), and
-    one that has none (no sentence of a batch is all padding) averages the values, not NaN.
+    one that has none (a row of padding that shape buckets add, whose outputs nothing reads)
+    averages the values instead of giving NaN.
     """
     B, Tk = key_padding_mask.shape
     row = Tk if torch.compiler.is_compiling() else -(-Tk // 8) * 8
