@@ -11,7 +11,6 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict
-from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -123,8 +122,8 @@ DATA_KEYS = {
     "_target_": "transformer.data.datamodule.TranslationDataModule", "src_lang": "en",
     "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
     "joint_vocab": True, "spm_train_sentences": 500_000, "max_tokens": 4096, "batch_size": 64,
-    "max_len": 128, "pad_to_multiple": 1, "num_workers": 2, "seed": 1234, "cache_dir": "data/cache",
-    "prepare_per_node": True, "corpora": None, "target_token": False,
+    "max_len": 128, "pad_to_multiple": 1, "num_buckets": 0, "num_workers": 2, "seed": 1234,
+    "cache_dir": "data/cache", "prepare_per_node": True, "corpora": None, "target_token": False,
 }  # fmt: skip
 DATA_SOURCES = {
     "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,
@@ -404,22 +403,34 @@ def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
     assert timer.time_elapsed("train") >= 2 and trainer.global_step > 0
 
 
-def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(
-    corpus, tmp_path, monkeypatch
-):
-    # aot_eager traces what inductor compiles, in seconds (inductor: tests/test_lit_module.py)
-    monkeypatch.setattr(torch, "compile", partial(torch.compile, backend="aot_eager"))
+def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(corpus, tmp_path, caplog):
+    """Compiled on two shape buckets (aot_eager traces what inductor compiles, in seconds;
+    inductor: tests/test_lit_module.py): at most a graph a bucket, no graph break; the log names
+    the buckets and the attention kernels."""
     torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
     overrides = [
         *tiny_overrides(corpus),
         "compile=true",
+        "compile_backend=aot_eager",
         "data.pad_to_multiple=8",
+        "data.num_buckets=2",
         "trainer.max_steps=3",
         "trainer.val_check_interval=3",
         "trainer.check_val_every_n_epoch=null",
     ]
-    metrics = train(compose_cfg(overrides, tmp_path))
+    with caplog.at_level(logging.INFO):
+        metrics = train(compose_cfg(overrides, tmp_path))
     assert math.isfinite(metrics["train/loss"]) and math.isfinite(metrics["val/loss"])
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] <= 2
+    assert not torch._dynamo.utils.counters["graph_break"]
+    assert re.search(
+        r"training batches padded to 2 shapes \(rows x length\): \d+x\d+, ", caplog.text
+    )
+    assert (
+        "attention kernels (sdpa_backends): encoder_self: flash (of flash > efficient > math)"
+        in (caplog.text)
+    )
     ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     assert ckpt["global_step"] == 3 and ckpt["hyper_parameters"]["compile_model"]
     model_from_checkpoint(ckpt)  # strict: the weights kept their names

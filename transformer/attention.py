@@ -20,10 +20,12 @@ from __future__ import annotations
 
 import math
 import warnings
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from transformer.config import check_heads
 from transformer.dropout import dropout
@@ -60,16 +62,21 @@ def explicit_attention(
 ) -> tuple[Tensor, Tensor]:
     """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> output (B, H, Tq, Dh), weights (B, H, Tq, Tk).
 
-    Weights are exactly 0 at disallowed keys; a row with no allowed key is all zeros (not NaN).
+    ``allowed`` is either of SDPA's masks: bool, True where attention is allowed, or additive
+    (:func:`transformer.masks.padding_bias`). Weights are exactly 0 at disallowed keys; with a
+    bool mask, a row with no allowed key is all zeros (not NaN).
     """
     k, v = repeat_heads(k, q.size(1)), repeat_heads(v, q.size(1))  # (B, H, Tk, Dh)
     scores = (q @ k.transpose(-2, -1)) / math.sqrt(q.size(-1))  # (B, H, Tq, Tk)
-    if allowed is not None:
+    boolean = allowed is not None and allowed.dtype == torch.bool
+    if boolean:
         scores = scores.masked_fill(~allowed, torch.finfo(scores.dtype).min)
+    elif allowed is not None:
+        scores = scores + allowed
     # bf16/fp16 scores: softmax in float32; float32 and float64 keep their own precision
     weights = scores.softmax(-1, dtype=torch.promote_types(scores.dtype, torch.float32))
     weights = weights.to(v.dtype)
-    if allowed is not None:
+    if boolean:
         weights = weights.masked_fill(~allowed, 0.0)
     return dropout(weights, dropout_p) @ v, weights
 
@@ -102,6 +109,8 @@ def sdpa(
         if is_causal:
             attn_mask = causal_allowed(q.size(2), k.size(2), device=q.device)
         return explicit_attention(q, k, v, attn_mask, dropout_p)[0]
+    if attn_mask is not None and attn_mask.is_floating_point():  # additive: the kernel's dtype
+        attn_mask = attn_mask.float()
     with torch.autocast("cpu", enabled=False):  # autocast would cast the inputs back
         out = F.scaled_dot_product_attention(
             q.float(), k.float(), v.float(), attn_mask=attn_mask, dropout_p=dropout_p,
@@ -178,6 +187,9 @@ class MultiheadAttention(nn.Module):
             self.out_proj = Linear(self.q_width, d_model, bias=bias)
         # (H,) per-head output scale; not saved in checkpoints, follows the module's device.
         self.register_buffer("head_mask", None, persistent=False)
+        # SDPA's backends this module's calls may use, first preferred; None: as set around it
+        # (transformer.sdpa_backends.selected sets this where attention types differ).
+        self.sdpa_backends: list[SDPBackend] | None = None
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -200,7 +212,11 @@ class MultiheadAttention(nn.Module):
 
     def project_kv(self, memory: Tensor) -> tuple[Tensor, Tensor]:
         """Keys and values of the encoder output: (B, S, kv_dim) -> 2 x (B, Hkv, S, Dh)."""
-        k, v = self.kv_proj(memory).split([self.kv_width, self.kv_width], dim=-1)
+        return self.split_kv(self.kv_proj(memory))
+
+    def split_kv(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """``kv_proj``'s output (B, S, 2 * kv_width) -> keys and values, 2 x (B, Hkv, S, Dh)."""
+        k, v = kv.split([self.kv_width, self.kv_width], dim=-1)
         return self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
 
     def forward(
@@ -211,6 +227,8 @@ class MultiheadAttention(nn.Module):
         causal: bool = False,
         cache: KVCache | None = None,
         need_weights: bool = False,
+        attn_mask: Tensor | None = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Tq, q_dim) to itself, or to ``memory`` (B, S, kv_dim) if cross.
 
@@ -219,13 +237,20 @@ class MultiheadAttention(nn.Module):
         causal: forbid attending to later positions; with a cache, new queries follow the cached.
         cache: self-attention appends this call's keys/values; cross-attention fills it from
             ``memory`` on first use and afterwards reads it (``memory`` may then be None).
+        attn_mask: the keys' padding as the kernels take it, (B, 1, 1, Tk) from
+            :func:`transformer.masks.padding_bias`, built once per batch by the layer stack; it
+            replaces ``key_padding_mask`` (for attention without ``causal`` and ``cache``).
+        memory_kv: cross-attention's keys and values of ``memory``, 2 x (B, Hkv, S, Dh), projected
+            beforehand (the decoder projects all its layers' at once); they replace ``memory``.
         Returns the output (B, Tq, d_model) and, if ``need_weights``, weights (B, H, Tq, Tk).
         """
         B, Tq, _ = x.shape
         offset = 0
         if self.cross:
             q = self._heads(self.q_proj(x), self.num_heads)  # (B, H, Tq, Dh)
-            if cache is not None and cache.k is not None:
+            if memory_kv is not None:
+                k, v = memory_kv  # (B, Hkv, S, Dh)
+            elif cache is not None and cache.k is not None:
                 k, v = cache.k, cache.v
             else:
                 if memory is None:
@@ -251,7 +276,11 @@ class MultiheadAttention(nn.Module):
         dropout_p = self.dropout if self.training else 0.0
 
         if need_weights:
-            allowed = attention_allowed(key_padding_mask, causal, q.size(2), Tk, offset, x.device)
+            allowed = attn_mask
+            if allowed is None:
+                allowed = attention_allowed(
+                    key_padding_mask, causal, q.size(2), Tk, offset, x.device
+                )
             out, weights = explicit_attention(q, k, v, allowed, dropout_p)
         else:
             weights = None
@@ -261,15 +290,19 @@ class MultiheadAttention(nn.Module):
             # needs no mask at all.
             fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
             needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
-            allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
+            allowed = attn_mask
+            if allowed is None:
+                allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
             step = cache is not None and Tq == 1 and not needs_mask and not dropout_p
             if step and x.device.type == "cpu" and self.num_heads:  # (pruned to none: SDPA)
                 out = step_attention(q, k, v, allowed)
             else:
-                out = sdpa(
-                    q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
-                    enable_gqa=self.num_kv_heads != self.num_heads,
-                )  # fmt: skip
+                backends = self.sdpa_backends
+                with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
+                    out = sdpa(
+                        q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
+                        enable_gqa=self.num_kv_heads != self.num_heads,
+                    )  # fmt: skip
         if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
             out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
             if weights is not None:

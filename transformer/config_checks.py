@@ -33,6 +33,7 @@ import torch
 from hydra.utils import get_object, instantiate
 from omegaconf import DictConfig, OmegaConf
 
+from transformer import sdpa_backends
 from transformer.config import TransformerConfig
 from transformer.errors import ConfigError
 from transformer.lit_module import (
@@ -130,6 +131,8 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
             f"compile_backend={cfg.compile_backend!r} is not a torch.compile backend; choose one "
             f"of {', '.join(backends)}"
         )
+    backends = cfg.get("sdpa_backends")
+    sdpa_backends.parse(OmegaConf.to_container(backends) if backends is not None else None)
     tr = cfg.trainer
     if str(tr.get("precision", "auto")) not in PRECISIONS:
         raise ConfigError(f"trainer.precision={tr.precision!r}; choose one of {PRECISIONS}")

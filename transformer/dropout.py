@@ -6,8 +6,9 @@ projection, and 16-bit dropout masks"). Here each element reads 16
 random bits instead: one 64-bit draw of ``random_`` serves four elements, and an element is dropped
 when its 16 bits fall below ``p * 2**16``. The drop probability is thus ``p`` rounded to a multiple
 of 1/65536, p' (0.1 -> 0.100006), and kept elements are scaled by ``1 / (1 - p')``: the expected
-output is the input. On other devices, and for ``p`` of 0 or 1, this is ``F.dropout``. Both draw
-from torch's default generator, so seeding and checkpointed RNG states cover them.
+output is the input. On other devices, for ``p`` of 0 or 1, and while compiling (the compiler
+draws its own masks; it cannot trace ``random_``), this is ``F.dropout``. Both draw from torch's
+default generator, so seeding and checkpointed RNG states cover them.
 """
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ def dropout(x: Tensor, p: float, training: bool = True) -> Tensor:
     if not training or p == 0.0:
         return x
     dropped = round(p * _LEVELS)  # of the 2**16 values 16 bits can take
-    if x.device.type != "cpu" or dropped == _LEVELS:
+    if x.device.type != "cpu" or dropped == _LEVELS or torch.compiler.is_compiling():
         return F.dropout(x, p, training)
     n = x.numel()
     # All 64 bits random (a bare random_() leaves the sign bit 0), 4 x 16 bits per draw.

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -11,7 +12,9 @@ from transformer.attention import MultiheadAttention
 from transformer.config import TransformerConfig
 from transformer.dropout import Dropout
 from transformer.kv_cache import DecoderCache, KVCache
-from transformer.linear import Linear
+from transformer.linear import Linear, linear_layer
+from transformer.masks import padding_bias
+from transformer.precision import compute_dtype
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
 
@@ -71,9 +74,10 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, pad_mask: Tensor | None, need_weights: bool) -> SublayerOut:
+    def forward(self, x: Tensor, attn_mask: Tensor | None, need_weights: bool) -> SublayerOut:
+        """attn_mask: the padding as :func:`transformer.masks.padding_bias` gives it."""
         x, weights = self.attn_block(
-            x, lambda h: self.self_attn(h, key_padding_mask=pad_mask, need_weights=need_weights)
+            x, lambda h: self.self_attn(h, attn_mask=attn_mask, need_weights=need_weights)
         )
         x, _ = self.ffn_block(x, self.ffn)
         return x, weights
@@ -96,7 +100,12 @@ class DecoderLayer(nn.Module):
         self_cache: KVCache | None,
         cross_cache: KVCache | None,
         need_weights: bool,
+        memory_mask: Tensor | None = None,
+        memory_kv: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
+        """memory_mask: the memory's padding as :func:`transformer.masks.padding_bias` gives it,
+        in place of ``memory_pad_mask`` (True at padding), which cached decoding passes.
+        memory_kv: this layer's cross-attention keys and values, from :meth:`Decoder.memory_kv`."""
         # Targets are right-padded, so causality alone keeps every real query off padded keys;
         # padded queries attend to something harmless and their outputs are ignored by the loss.
         x, self_w = self.self_block(
@@ -110,6 +119,8 @@ class DecoderLayer(nn.Module):
                 key_padding_mask=memory_pad_mask,
                 cache=cross_cache,
                 need_weights=need_weights,
+                attn_mask=memory_mask,
+                memory_kv=memory_kv,
             ),  # fmt: skip
         )
         x, _ = self.ffn_block(x, self.ffn)
@@ -126,8 +137,9 @@ class Encoder(nn.Module):
         self, x: Tensor, pad_mask: Tensor | None, weights: list[Tensor] | None = None
     ) -> Tensor:
         """x (B, S, D) -> (B, S, D); appends each layer's (B, H, S, S) weights to ``weights``."""
+        mask = None if pad_mask is None else padding_bias(pad_mask, compute_dtype(x))  # one a batch
         for layer in self.layers:
-            x, w = layer(x, pad_mask, need_weights=weights is not None)
+            x, w = layer(x, mask, need_weights=weights is not None)
             if weights is not None:
                 weights.append(w)
         return self.norm(x)
@@ -138,6 +150,18 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_decoder_layers))
         self.norm = _final_norm(cfg)
+
+    def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Every layer's cross-attention keys and values of ``memory`` (B, S, D), 2 x (B, Hkv, S,
+        Dh) each, from one matrix product with the layers' projections side by side: one large
+        product and its backward rather than one of each a layer."""
+        attns = [layer.cross_attn for layer in self.layers]
+        projections = [a.kv_proj for a in attns]
+        weight = torch.cat([p.weight for p in projections])  # (sum of 2 * kv_width, D)
+        bias = None if projections[0].bias is None else torch.cat([p.bias for p in projections])
+        kv = linear_layer(memory, weight, bias)  # (B, S, sum of 2 * kv_width)
+        parts = kv.split([2 * a.kv_width for a in attns], dim=-1)
+        return [a.split_kv(part) for a, part in zip(attns, parts, strict=True)]
 
     def forward(
         self,
@@ -153,14 +177,22 @@ class Decoder(nn.Module):
         With a cache, ``memory`` and its mask come from the cache and T' counts cached steps too.
         """
         need_weights = self_weights is not None
+        # Built once for all layers; cached steps take the cache's pad mask, keys and values.
+        memory_mask, kvs = None, [None] * len(self.layers)
         if cache is not None:
             memory_pad_mask = cache.memory_pad_mask
+        else:
+            kvs = self.memory_kv(memory)
+            if memory_pad_mask is not None:
+                memory_mask = padding_bias(memory_pad_mask, compute_dtype(x))
+                memory_pad_mask = None
         for i, layer in enumerate(self.layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None
             x, self_w, cross_w = layer(
-                x, memory, memory_pad_mask, self_cache, cross_cache, need_weights
-            )
+                x, memory, memory_pad_mask, self_cache, cross_cache, need_weights, memory_mask,
+                kvs[i],
+            )  # fmt: skip
             if need_weights:
                 self_weights.append(self_w)
                 cross_weights.append(cross_w)

@@ -67,14 +67,19 @@ class _OneDNNLinear(torch.autograd.Function):
         return grad_x, grad_w, grad_b
 
 
+def linear_layer(x: Tensor, weight: Tensor, bias: Tensor | None = None) -> Tensor:
+    """``F.linear``, recording autograd: oneDNN's kernel for float32 on CPU (:class:`Linear`)."""
+    if not _takes_onednn(x, weight):
+        return F.linear(x, weight, bias)
+    if not (torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad)):
+        return _onednn_linear(x, weight, bias)  # float32 inputs: inference
+    if torch.is_autocast_enabled("cpu"):
+        return F.linear(x, weight, bias)  # autocast's dtype rules
+    return _OneDNNLinear.apply(x, weight, bias)
+
+
 class Linear(nn.Linear):
     """``nn.Linear`` (the same parameters and state dict), oneDNN for float32 on CPU."""
 
     def forward(self, x: Tensor) -> Tensor:
-        if not _takes_onednn(x, self.weight):
-            return F.linear(x, self.weight, self.bias)
-        if not (torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)):
-            return _onednn_linear(x, self.weight, self.bias)  # float32 inputs: inference
-        if torch.is_autocast_enabled("cpu"):
-            return F.linear(x, self.weight, self.bias)  # autocast's dtype rules
-        return _OneDNNLinear.apply(x, self.weight, self.bias)
+        return linear_layer(x, self.weight, self.bias)

@@ -12,9 +12,11 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.pytorch.callbacks import Timer
+from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
 from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+from torch.func import functional_call
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer.checkpoints import read_training_state, set_rng_states, write_training_state
@@ -27,6 +29,7 @@ from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.nonfinite import NonFiniteSteps
 from transformer.optim import build_optimizer, clip_gradients, gradient_norm
+from transformer.precision import AutocastWeights
 from transformer.translate import decode_batch
 
 log = logging.getLogger(__name__)
@@ -38,9 +41,31 @@ def host_scalar(x: float) -> Tensor:
     return torch.tensor(float(x))
 
 
-def hidden_states(model: Transformer, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor) -> Tensor:
-    """Teacher-forced decoder states (B, T, D): the part of a step that ``torch.compile`` takes."""
+def hidden_states(
+    model: Transformer,
+    src: Tensor,
+    tgt_in: Tensor,
+    src_pad_mask: Tensor,
+    weights: dict[str, Tensor] | None = None,
+) -> Tensor:
+    """Teacher-forced decoder states (B, T, D): the part of a step that ``torch.compile`` takes.
+    ``weights``: tensors to run the model on in place of its parameters of those names (the
+    autocast copies of :class:`transformer.precision.AutocastWeights`)."""
+    if weights:
+        args, kwargs = (src, tgt_in, src_pad_mask), {"return_hidden": True}
+        return functional_call(model, weights, args, kwargs, tie_weights=False)
     return model(src, tgt_in, src_pad_mask, return_hidden=True)
+
+
+def compile_options(backend: str, buckets: int, device_type: str) -> dict[str, Any]:
+    """``torch.compile``'s arguments for the training step. Without shape buckets, dynamic
+    shapes: one graph for batches of every shape. With ``buckets`` (``data.num_buckets``), static
+    shapes, one graph a bucket, and inductor on CUDA replays them as CUDA graphs
+    (``mode="reduce-overhead"``: a step's kernels launched at once, not one by one)."""
+    options: dict[str, Any] = {"backend": backend, "dynamic": not buckets}
+    if buckets and backend == "inductor" and device_type == "cuda":
+        options["mode"] = "reduce-overhead"
+    return options
 
 
 def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
@@ -113,12 +138,14 @@ class TranslationModule(L.LightningModule):
         max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
             counted; this
             many in a row stop training with :class:`NonFiniteLoss`.
-        compile_model: ``torch.compile`` the model's teacher-forced forward pass (dynamic shapes:
-            token-budget batches of any shape share one graph). Only the training and validation
-            loss use it; decoding and attention capture run the model as it is. The weights keep
+        compile_model: ``torch.compile`` the model's teacher-forced forward pass in training
+            steps (:func:`compile_options`). Validation, decoding and attention capture run the
+            model as it is: the training graphs are never recompiled for them. The weights keep
             their names, so checkpoints load into an uncompiled model.
         compile_backend: ``torch.compile``'s backend: ``inductor`` generates kernels;
             ``aot_eager`` traces the same forward and backward graphs and runs them eagerly.
+        shape_buckets: how many shapes training batches are padded to (``data.num_buckets``;
+            :class:`transformer.data.collate.Buckets`); 0 = any shape.
     """
 
     def __init__(
@@ -133,18 +160,21 @@ class TranslationModule(L.LightningModule):
         max_bad_steps: int = 10,
         compile_model: bool = False,
         compile_backend: str = "inductor",
+        shape_buckets: int = 0,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.cfg = TransformerConfig(**model)
         self.model = Transformer(self.cfg)
+        self.compile_model, self.compile_backend = compile_model, compile_backend
+        self.shape_buckets = shape_buckets
         # A compiled function, not a compiled module: nothing is registered under a new name
         # (no ``_orig_mod.`` in the state dict), and it always runs the current ``self.model``.
-        self._hidden_states = (
-            torch.compile(hidden_states, dynamic=True, backend=compile_backend)
-            if compile_model
-            else hidden_states
-        )
+        # Made at the first step, on the device (compile_options).
+        self._compiled: Callable[..., Tensor] | None = None
+        # Eager steps under autocast cast the linear weights in one go (FSDP's own are left as
+        # they are: setup); compiled ones leave autocast's casts to the compiler, which fuses them.
+        self._autocast_weights: AutocastWeights | None = AutocastWeights(self.model)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = check_label_smoothing(label_smoothing)
         if rdrop_alpha < 0:
@@ -163,15 +193,33 @@ class TranslationModule(L.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         return self.model(src, tgt_in, src_pad_mask)
 
-    def _loss(self, batch, rdrop: bool = False) -> tuple[Tensor, Tensor, Tensor]:
+    def _compiled_step(self, device: torch.device) -> Callable[..., Tensor]:
+        if self._compiled is None:
+            options = compile_options(self.compile_backend, self.shape_buckets, device.type)
+            dynamo = torch._dynamo.config  # its default allows 8 graphs a function
+            dynamo.recompile_limit = max(dynamo.recompile_limit, self.shape_buckets)
+            self._compiled = torch.compile(hidden_states, **options)
+        return self._compiled
+
+    def _loss(
+        self, batch, rdrop: bool = False, compiled: bool = True
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """Loss sum, NLL sum and count over the N non-pad labels; the output projection runs on
         those positions only, in chunks fused with the loss (never (B, T, V) logits). ``rdrop``:
-        R-Drop's loss of two passes, run as one over the batch doubled."""
+        R-Drop's loss of two passes, run as one over the batch doubled. ``compiled``: run the
+        compiled forward where ``compile_model`` asks for it (training steps)."""
         src, tgt_in, src_pad_mask = batch.src, batch.tgt_in, batch.src_pad_mask
         if rdrop:
             src, tgt_in, src_pad_mask = (torch.cat([t, t]) for t in (src, tgt_in, src_pad_mask))
-        hidden = self._hidden_states(self.model, src, tgt_in, src_pad_mask)  # (B or 2B, T, D)
-        weight, eps, pad = self.model.output.weight, self.label_smoothing, self.cfg.pad_id
+        weights = {}
+        if compiled and self.compile_model:
+            forward = self._compiled_step(src.device)
+            hidden = forward(self.model, src, tgt_in, src_pad_mask)  # (B or 2B, T, D)
+        else:
+            weights = self._autocast_weights() if self._autocast_weights is not None else {}
+            hidden = hidden_states(self.model, src, tgt_in, src_pad_mask, weights)
+        weight = weights.get("output.weight", self.model.output.weight)  # (V, D)
+        eps, pad = self.label_smoothing, self.cfg.pad_id
         # The collator counted the non-pad labels on the host: a static size, no device sync.
         if rdrop:
             hidden = hidden.unflatten(0, (2, -1))  # (2, B, T, D)
@@ -179,6 +227,10 @@ class TranslationModule(L.LightningModule):
                 hidden, weight, batch.labels, eps, self.rdrop_alpha, pad, batch.num_tgt_tokens
             )
         return label_smoothed_loss(hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens)
+
+    def setup(self, stage: str) -> None:
+        if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP holds sharded parameters
+            self._autocast_weights = None
 
     def on_fit_start(self) -> None:
         """Refuse validation pairs the model cannot take before the first step, not when the
@@ -308,7 +360,7 @@ class TranslationModule(L.LightningModule):
         self._val_hyps: dict[int, dict[int, str]] = {}  # per validation loader (direction)
 
     def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        loss_sum, nll_sum, ntok = self._loss(batch)
+        loss_sum, nll_sum, ntok = self._loss(batch, compiled=False)
         self._val_sums += torch.stack([loss_sum.double(), nll_sum.double(), ntok.double()])
         if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
             return

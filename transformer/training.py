@@ -25,7 +25,7 @@ from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
-from transformer import run_dir
+from transformer import run_dir, sdpa_backends
 from transformer.atomic import AtomicCheckpointIO, sweep_temporaries
 from transformer.callbacks import WeightEMA
 from transformer.checkpoints import read_model_config, read_tokenizer_models
@@ -91,6 +91,14 @@ def precision_options(trainer_cfg: DictConfig) -> dict[str, Any]:
         return {"precision": precision}
     log.warning("trainer.precision=16-mixed on CPU: float16 is slow here; bf16-mixed is faster")
     return {"plugins": [MixedPrecision("16-mixed", "cpu")]}
+
+
+def precision_dtype(precision: str) -> torch.dtype:
+    """The dtype a Lightning precision (``bf16-mixed``, ``16-true``, ``32-true``, ...) computes
+    the model's products in."""
+    if precision.startswith("bf16"):
+        return torch.bfloat16
+    return torch.float16 if precision.startswith("16") else torch.float32
 
 
 def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
@@ -221,6 +229,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
         max_bad_steps=int(cfg.loss.max_bad_steps),
         compile_model=cfg.get("compile", False),
         compile_backend=cfg.get("compile_backend", "inductor"),
+        shape_buckets=int(cfg.data.get("num_buckets", 0)),
     )
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
 
@@ -249,8 +258,14 @@ def train(cfg: DictConfig) -> dict[str, float]:
         # no checkpoint is ever left half-written
         plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],
     )
-    # by rank 0 (the other ranks' processes share its directory)
-    with run_dir.claim_training_run(cfg) if trainer.is_global_zero else nullcontext():
+    backends = sdpa_backends.parse(cfg.get("sdpa_backends"))
+    kernels = sdpa_backends.describe(
+        module.model, backends, trainer.strategy.root_device, precision_dtype(trainer.precision)
+    )
+    log.info("attention kernels (sdpa_backends): %s", kernels)
+    # the run directory claimed by rank 0 (the other ranks' processes share it)
+    claim = run_dir.claim_training_run(cfg) if trainer.is_global_zero else nullcontext()
+    with claim, sdpa_backends.selected(module.model, backends):
         fit(cfg, trainer, module, datamodule)
     metrics = {k: float(v) for k, v in trainer.callback_metrics.items()}
     if trainer.is_global_zero:

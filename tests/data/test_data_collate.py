@@ -1,4 +1,5 @@
-"""Collation: decoder input/labels shift, padding masks, pad_to_multiple, device moves."""
+"""Collation: decoder input/labels shift, padding masks, pad_to_multiple, shape buckets, device
+moves."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ import pytest
 import torch
 from lightning.fabric.utilities.apply_func import move_data_to_device
 
-from transformer.data.collate import Batch, Collator
+from transformer.data.collate import Batch, Buckets, Collator, padded_sizes, round_up
+from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 
@@ -41,6 +43,37 @@ def test_pad_to_multiple(multiple):
     assert b.tgt_in.shape == b.labels.shape == (2, 5 if multiple == 1 else 8)
     assert b.num_tgt_tokens == 8  # extra padding adds no target tokens
     assert (b.src_pad_mask == b.src.eq(PAD_ID)).all()
+
+
+def test_buckets_give_every_batch_one_of_their_few_shapes():
+    """The sampler packs and the collator pads to buckets at quantiles of the lengths: each batch
+    is (max_tokens // L) x L on both sides for a bucket length L, every example comes once, and
+    the added rows are all padding, id -1."""
+    rng = np.random.default_rng(0)
+    src_lens = rng.integers(1, 60, 300)
+    tgt_lens = np.maximum(src_lens + rng.integers(-3, 4, 300), 1)  # translations: alike
+    pairs = zip(src_lens, tgt_lens, strict=True)
+    data = [(i, rng.integers(4, 50, s), rng.integers(4, 50, t)) for i, (s, t) in enumerate(pairs)]
+    sizes = padded_sizes(src_lens, tgt_lens)
+    buckets = Buckets.at_quantiles(np.maximum(*sizes), 4, 8, max_tokens=512)
+    assert len(buckets.lengths) == 4 and buckets.lengths[-1] == round_up(
+        int(np.maximum(*sizes).max()), 8
+    )
+    sampler = TokenBudgetBatchSampler(*sizes, max_tokens=512, pad_to_multiple=8, buckets=buckets)
+    collate = Collator(8, PAD_ID, buckets)
+    shapes, seen = set(), []
+    for indices in sampler:
+        b = collate([data[i] for i in indices])
+        rows, length = b.src.shape
+        assert b.tgt_in.shape == b.labels.shape == (rows, length)
+        assert length in buckets.lengths and rows == 512 // length
+        shapes.add((rows, length))
+        real = b.ids >= 0
+        assert int(real.sum()) == len(indices)
+        assert b.src_pad_mask[~real].all() and b.labels[~real].eq(PAD_ID).all()
+        seen += b.ids[real].tolist()
+    assert sorted(seen) == list(range(300))
+    assert len(shapes) == 4
 
 
 def test_lightning_moves_a_batch():

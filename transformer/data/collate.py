@@ -27,7 +27,8 @@ class Batch:
     ``src`` is ``x + eos``; ``tgt_in`` is ``bos + y`` and ``labels`` is ``y + eos``, both padded
     with ``pad_id`` to the same length, so ``labels[:, t]`` is what the decoder predicts after
     reading ``tgt_in[:, : t + 1]``. ``ids`` are the examples' indices in their split (corpus
-    order), so outputs can be put back in corpus order.
+    order), so outputs can be put back in corpus order; rows that :class:`Buckets` add are all
+    padding, with id -1.
     """
 
     src: Tensor  # (B, S) long
@@ -65,23 +66,88 @@ def padded_sizes(src_len: int, tgt_len: int) -> tuple[int, int]:
     return src_len + 1, tgt_len + 1
 
 
-class Collator:
-    """Turns a list of :data:`Example` into a :class:`Batch`; picklable for DataLoader workers."""
+@dataclass(frozen=True)
+class Buckets:
+    """The few shapes training batches are padded to, so that a compiled step with static shapes
+    (CUDA graphs) is compiled once a bucket rather than once for every shape token-budget
+    batches take.
 
-    def __init__(self, pad_to_multiple: int = 1, pad_id: int = PAD_ID) -> None:
+    A batch's rows, source and target alike, are padded to the smallest of ``lengths`` that holds
+    its longest side, and the batch to :meth:`rows` rows, the added ones all padding. Padding
+    changes no loss: padded keys are masked, padded labels ignored.
+    """
+
+    lengths: tuple[int, ...]  # ascending
+    max_tokens: int | None  # the token budget; None: batch_size sentences a batch
+    batch_size: int | None = None
+
+    @classmethod
+    def at_quantiles(
+        cls,
+        sizes: np.ndarray,
+        count: int,
+        multiple: int,
+        max_tokens: int | None,
+        batch_size: int | None = None,
+    ) -> Buckets:
+        """``count`` lengths at evenly spaced quantiles of the examples' row ``sizes`` (the
+        last: the longest), rounded up to ``multiple``; fewer where they coincide. As fairseq's
+        ``num_batch_buckets``: short sentences get short buckets where most sentences are."""
+        quantiles = np.quantile(sizes, np.linspace(0, 1, count + 1)[1:], method="higher")
+        lengths = sorted({round_up(int(q), multiple) for q in quantiles})
+        return cls(tuple(lengths), max_tokens, batch_size)
+
+    def length(self, longest: np.ndarray) -> np.ndarray:
+        """The padded length of a batch whose longest row is ``longest`` tokens (elementwise)."""
+        i = np.searchsorted(self.lengths, longest)
+        if np.any(i == len(self.lengths)):
+            too_long = int(np.max(longest))
+            raise ValueError(
+                f"a row of {too_long} tokens is longer than every bucket {self.lengths}"
+            )
+        return np.asarray(self.lengths)[i]
+
+    def rows(self, length: int) -> int:
+        """A batch's rows at bucket length ``length``: the most the token budget packs there
+        (``max_tokens // length``), or ``batch_size``."""
+        return self.max_tokens // length if self.max_tokens is not None else self.batch_size
+
+    def __str__(self) -> str:
+        return ", ".join(f"{self.rows(n)}x{n}" for n in self.lengths)
+
+
+class Collator:
+    """Turns a list of :data:`Example` into a :class:`Batch`; picklable for DataLoader workers.
+    With ``buckets``, batches take the shapes of :class:`Buckets`."""
+
+    def __init__(
+        self, pad_to_multiple: int = 1, pad_id: int = PAD_ID, buckets: Buckets | None = None
+    ) -> None:
         if pad_to_multiple < 1:
             raise ValueError(f"pad_to_multiple must be >= 1, got {pad_to_multiple}")
         self.pad_to_multiple = pad_to_multiple
         self.pad_id = pad_id
+        self.buckets = buckets
+
+    def _shape(self, examples: list[Example]) -> tuple[int, int, int]:
+        """Rows, source length and target length of the padded batch."""
+        s_len = max(len(s) for _, s, _ in examples) + 1
+        t_len = max(len(t) for _, _, t in examples) + 1
+        if self.buckets is None:
+            m = self.pad_to_multiple
+            return len(examples), round_up(s_len, m), round_up(t_len, m)
+        length = int(self.buckets.length(max(s_len, t_len)))
+        rows = self.buckets.rows(length)
+        if len(examples) > rows:
+            raise ValueError(f"{len(examples)} examples do not fit bucket {rows}x{length}")
+        return rows, length, length
 
     def __call__(self, examples: list[Example]) -> Batch:
-        n = len(examples)
-        s_len = round_up(max(len(s) for _, s, _ in examples) + 1, self.pad_to_multiple)
-        t_len = round_up(max(len(t) for _, _, t in examples) + 1, self.pad_to_multiple)
+        n, s_len, t_len = self._shape(examples)
         src = np.full((n, s_len), self.pad_id, dtype=np.int64)
         tgt_in = np.full((n, t_len), self.pad_id, dtype=np.int64)
         labels = np.full((n, t_len), self.pad_id, dtype=np.int64)
-        ids = np.empty(n, dtype=np.int64)
+        ids = np.full(n, -1, dtype=np.int64)
         for row, (i, s, t) in enumerate(examples):
             ids[row] = i
             src[row, : len(s)] = s

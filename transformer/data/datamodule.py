@@ -13,12 +13,13 @@ from pathlib import Path
 from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
 from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from transformer.atomic import sweep_temporaries
-from transformer.data.collate import Collator, padded_sizes
+from transformer.data.collate import Buckets, Collator, padded_sizes
 from transformer.data.corpora import (
     Corpus,
     make_corpora,
@@ -117,6 +118,7 @@ class TranslationDataModule(L.LightningDataModule):
         batch_size: int | None = 64,
         max_len: int = 128,
         pad_to_multiple: int = 1,
+        num_buckets: int = 0,
         num_workers: int = 2,
         seed: int = 1234,
         cache_dir: str = "data/cache",
@@ -141,6 +143,10 @@ class TranslationDataModule(L.LightningDataModule):
             )
         if max_tokens is None and not batch_size:
             raise ValueError("set data.max_tokens (token budget) or data.batch_size (sentences)")
+        if isinstance(num_buckets, bool) or not isinstance(num_buckets, int) or num_buckets < 0:
+            raise ValueError(
+                f"num_buckets must be a count >= 0 (0: no shape buckets), got {num_buckets!r}"
+            )
         if corpora is not None:  # plain lists and dicts: checkpoints load no Hydra containers
             corpora = [dict(e) if isinstance(e, Mapping) else e for e in corpora]
         self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
@@ -152,6 +158,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.vocab_size, self.joint_vocab = vocab_size, joint_vocab
         self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
         self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
+        self.num_buckets = num_buckets
         self.cache_dir = Path(cache_dir)
         # Built now (reading nothing), so that their checks of the options run before data work.
         self.corpora: list[Corpus] = make_corpora(
@@ -379,6 +386,7 @@ class TranslationDataModule(L.LightningDataModule):
         data: TokenizedSplit | ConcatSplit,
         shuffle: bool,
         weights: list[tuple[int, float]] | None = None,
+        buckets: Buckets | None = None,
     ) -> TokenBudgetBatchSampler:
         sizes = padded_sizes(data.src_lens, data.tgt_lens)
         return TokenBudgetBatchSampler(
@@ -389,10 +397,25 @@ class TranslationDataModule(L.LightningDataModule):
             seed=self.seed,
             pad_to_multiple=self.pad_to_multiple,
             weights=weights,
+            buckets=buckets,
+        )
+
+    def train_buckets(self) -> Buckets | None:
+        """The shapes training batches are padded to (``num_buckets`` of them, at quantiles of
+        the training pairs' lengths), or None (``num_buckets=0``)."""
+        if not self.num_buckets:
+            return None
+        data = self.split("train")
+        sizes = np.maximum(*padded_sizes(data.src_lens, data.tgt_lens))
+        return Buckets.at_quantiles(
+            sizes, self.num_buckets, self.pad_to_multiple, self.max_tokens, self.batch_size
         )
 
     def _loader(
-        self, data: TokenizedSplit | ConcatSplit, sampler: TokenBudgetBatchSampler
+        self,
+        data: TokenizedSplit | ConcatSplit,
+        sampler: TokenBudgetBatchSampler,
+        buckets: Buckets | None = None,
     ) -> DataLoader:
         # Each iterator draws its workers' seed from ``generator``: without one it would draw from
         # torch's global stream, which dropout uses, so a validation loader started after a
@@ -400,7 +423,7 @@ class TranslationDataModule(L.LightningDataModule):
         return DataLoader(
             data,
             batch_sampler=sampler,
-            collate_fn=Collator(self.pad_to_multiple, PAD_ID),
+            collate_fn=Collator(self.pad_to_multiple, PAD_ID, buckets),
             num_workers=self.num_workers,
             persistent_workers=self.num_workers > 0,
             pin_memory=self._on_cuda(),
@@ -417,11 +440,19 @@ class TranslationDataModule(L.LightningDataModule):
         if any(c.weight != 1 for c in self.corpora):
             parts = zip(self._train_parts, self.corpora, strict=True)
             weights = [(len(part), corpus.weight) for part, corpus in parts]
-        self._train_sampler = self._sampler(self.split("train"), shuffle=True, weights=weights)
+        buckets = self.train_buckets()
+        if buckets is not None:
+            log.info(
+                "training batches padded to %d shapes (rows x length): %s",
+                len(buckets.lengths),
+                buckets,
+            )
+        train = self.split("train")
+        self._train_sampler = self._sampler(train, shuffle=True, weights=weights, buckets=buckets)
         if self._sampler_state is not None:
             self._train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
-        return self._loader(self.split("train"), self._train_sampler)
+        return self._loader(train, self._train_sampler, buckets)
 
     def _eval_loaders(self, name: str) -> DataLoader | list[DataLoader]:
         """One loader per direction (one direction: the loader itself), in :attr:`directions`'

@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 import numpy as np
 import torch.distributed as dist
 
-from transformer.data.collate import round_up
+from transformer.data.collate import Buckets, round_up
 
 
 class TokenBudgetBatchSampler:
@@ -41,6 +41,8 @@ class TokenBudgetBatchSampler:
             them all: each epoch takes every example of a group ``int(copies)`` times and a random
             ``round(count * (copies % 1))`` of them once more, as many of each size every epoch.
             None: each example once.
+        buckets: lengths are rounded up to a bucket's (:class:`Buckets`) instead of to
+            ``pad_to_multiple``, as the collator pads them.
     """
 
     def __init__(
@@ -55,6 +57,7 @@ class TokenBudgetBatchSampler:
         num_replicas: int | None = None,
         rank: int | None = None,
         weights: Sequence[tuple[int, float]] | None = None,
+        buckets: Buckets | None = None,
     ) -> None:
         src_sizes, tgt_sizes = np.asarray(src_sizes), np.asarray(tgt_sizes)
         if src_sizes.shape != tgt_sizes.shape:
@@ -74,11 +77,11 @@ class TokenBudgetBatchSampler:
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.seed, self.pad_to_multiple = shuffle, seed, pad_to_multiple
         self.num_replicas, self.rank = num_replicas, rank
-        self.weights = weights
+        self.weights, self.buckets = weights, buckets
         self.epoch, self.position = 0, 0
         if max_tokens is not None and len(self.sizes):
             biggest = int(np.argmax(self.sizes))
-            need = round_up(int(self.sizes[biggest]), pad_to_multiple)
+            need = int(self._padded(self.sizes[biggest]))
             if need > max_tokens:
                 raise ValueError(
                     f"example {biggest} needs {need} tokens (padded length of its longer side), "
@@ -88,6 +91,12 @@ class TokenBudgetBatchSampler:
         self._cache: tuple[int, list[list[int]]] | None = None
         # Lightning calls ``set_epoch`` on ``dataloader.batch_sampler.sampler`` at each epoch start.
         self.sampler = self
+
+    def _padded(self, sizes: np.ndarray) -> np.ndarray:
+        """The length rows of ``sizes`` tokens take in a batch whose longest row they are."""
+        if self.buckets is not None:
+            return self.buckets.length(sizes)
+        return round_up(sizes, self.pad_to_multiple)
 
     def set_epoch(self, epoch: int) -> None:
         """Select the epoch's shuffle. A new epoch starts at its first batch; setting the epoch that
@@ -165,12 +174,12 @@ class TokenBudgetBatchSampler:
             idx = order.tolist()
             return [idx[i : i + self.batch_size] for i in range(0, len(idx), self.batch_size)]
         batches, current, longest = [], [], 0
-        m, budget = self.pad_to_multiple, self.max_tokens
-        for i, size in zip(order.tolist(), self.sizes[order].tolist(), strict=True):
-            new_longest = max(longest, round_up(size, m))
+        budget = self.max_tokens
+        for i, size in zip(order.tolist(), self._padded(self.sizes[order]).tolist(), strict=True):
+            new_longest = max(longest, size)
             if current and (len(current) + 1) * new_longest > budget:
                 batches.append(current)
-                current, new_longest = [], round_up(size, m)
+                current, new_longest = [], size
             current.append(i)
             longest = new_longest
         if current:
