@@ -11,11 +11,16 @@ from types import FrameType
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, WeightAveraging
+from lightning.pytorch.callbacks import (
+    Checkpoint,
+    ModelCheckpoint,
+    TQDMProgressBar,
+    WeightAveraging,
+)
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from transformer.errors import Interrupted
-from transformer.lit_module import TranslationModule
+from transformer.lit_module import TranslationModule, logs_after
 from transformer.nonfinite import NonFiniteSteps
 
 log = logging.getLogger(__name__)
@@ -180,3 +185,35 @@ class WeightEMA(WeightAveraging):
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pass
+
+
+class TrainingProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar, with ``train/loss`` as last logged.
+
+    Lightning turns every value logged with ``prog_bar=True`` into a number after every batch,
+    whatever the bar's refresh rate: for the loss, a device tensor, that is a device sync a step,
+    the GPU idle while the host waits. So the training module logs its loss without
+    ``prog_bar``, and this bar reads the step's loss only after the first step and at logging
+    steps (every ``trainer.log_every_n_steps``), where the loggers read it anyway.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
+        super().__init__(refresh_rate, process_position, leave)
+        self._loss: float | None = None
+        self._loss_step = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step  # optimizer steps made, this batch's included
+        if step != self._loss_step and (
+            step == 1 or logs_after(step - 1, trainer.log_every_n_steps)
+        ):
+            loss = outputs.get("loss") if isinstance(outputs, dict) else None
+            if loss is not None:
+                self._loss, self._loss_step = float(loss), step
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        if self._loss is not None:
+            items["train/loss"] = self._loss
+        return items
