@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback
+from lightning.pytorch.callbacks import Callback, WeightAveraging
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -150,17 +150,23 @@ class MarkSteps(Callback):
 
     def on_fit_start(self, trainer, pl_module) -> None:
         self.spy.seed(pl_module.parameters())
+        for callback in trainer.callbacks:  # the moving average of the weights, with its count
+            if isinstance(callback, WeightAveraging):
+                average = callback._average_model
+                self.spy.seed([*average.parameters(), *average.buffers()])
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         self.spy.step = trainer.global_step
         self.spy.seed(vars(batch).values())
 
 
-def test_training_reads_the_device_only_at_logging_steps(corpus, tmp_path, monkeypatch) -> None:
-    """With the GPU's defaults (fused AdamW, clipping, the progress bar on) no training step waits
-    for the device but those that log (every ``trainer.log_every_n_steps``: the loggers read the
-    values there) and the first: no ``.item()`` a step for the progress bar, the NaN/inf flags,
-    or anything else."""
+@pytest.mark.parametrize("ema", [[], ["ema.decay=0.99"]], ids=["default", "ema"])
+def test_training_reads_the_device_only_at_logging_steps(ema, corpus, tmp_path, monkeypatch):
+    """With the GPU's defaults (fused AdamW, clipping, the progress bar on), and with the moving
+    average of the weights, no training step waits for the device but those that log (every
+    ``trainer.log_every_n_steps``: the loggers read the values there) and the first: no
+    ``.item()`` a step for the progress bar, the NaN/inf flags, the average's count, or anything
+    else."""
     spy = DeviceReads()
     spy.watch_host_copies(monkeypatch)
     monkeypatch.setattr(MarkSteps, "spy", spy, raising=False)
@@ -168,7 +174,7 @@ def test_training_reads_the_device_only_at_logging_steps(corpus, tmp_path, monke
         *tiny_overrides(corpus), "model.num_encoder_layers=1", "model.num_decoder_layers=1",
         "data.max_tokens=256", "trainer.enable_progress_bar=true", "trainer.max_steps=8",
         "trainer.log_every_n_steps=4", "trainer.limit_val_batches=0", "trainer.gradient_clip_val=1",
-        "optim.optimizer.fused=true", f"+callbacks.mark._target_={__name__}.MarkSteps",
+        "optim.optimizer.fused=true", f"+callbacks.mark._target_={__name__}.MarkSteps", *ema,
     ]  # fmt: skip
     with spy:
         train(compose_cfg(overrides, tmp_path))
