@@ -444,11 +444,17 @@ def profile_step(step: Callable[[], object], device: torch.device) -> StepProfil
     host = mark.time_range
     sdpa = Counter(SDPA_BACKENDS[e.name] for e in events if e.name in SDPA_BACKENDS)
     on_gpu = [e for e in events if e.device_type == DeviceType.CUDA]
-    kernels = [e for e in on_gpu if not e.name.startswith(("Memcpy", "Memset"))]
+    kernels = [
+        e for e in on_gpu
+        if not getattr(e, "is_user_annotation", False)  # record_function's GPU-side ranges
+        and e.name != "bench_step" and not e.name.startswith(("Memcpy", "Memset"))
+    ]  # fmt: skip
     if device.type != "cuda":  # the ops that do the work: aten ops calling no other aten op
         ops = [e for e in events if e.name.startswith("aten::")]
         leaves = [e for e in ops if not any(c.name.startswith("aten::") for c in e.cpu_children)]
         return StepProfile(len(leaves), None, host.elapsed_us() / 1e3, dict(sdpa), [])
+    if not kernels:
+        raise RuntimeError("the profile holds no CUDA kernel")
     busy, end = 0.0, host.start  # the union of the kernels' intervals
     for e in sorted(kernels, key=lambda e: e.time_range.start):
         start = max(e.time_range.start, end)
