@@ -8,8 +8,11 @@ Each subcommand does one small job for the shell script and prints its result:
     pytest-shards --shard F...    test files in parallel pytest processes (-- pytest options)
     run-info RUN [--log F]        a training run's state: checkpoint, csv metrics (key=value)
     note KIND LOG                 a one-line result of a bench log for the summary table
-    record-call RUN key=value...  remember one stage-3 training call (its wall time) in RUN
+    merge-json OUT LABEL=FILE...  one JSON object of several files (bench_train's steps)
+    pace RUN OUT [--variant V]    one stage-2 run of the recipe: updates, fit-loop seconds, profile
+    record-call RUN key=value...  remember one recipe-stage training call (its wall time) in RUN
     recipe-metrics RUN OUT        recipe_metrics.json: training, profiles, evaluations
+    report STAGE DIR              the stage's results as markdown tables, for BENCHMARKS.md
     summary STEPS                 the table of the steps run (stage, step, status, seconds, note)
 
 It imports torch only where it needs it, so the quick subcommands start fast.
@@ -27,6 +30,7 @@ import platform
 import re
 import statistics
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -92,6 +96,8 @@ def cmd_env(args: argparse.Namespace) -> None:
     else:
         lines["bf16_supported"] = "n/a (no CUDA)"
         device = torch.device("cpu")
+    impl = getattr(torch.nn.attention, "current_flash_attention_impl", None)
+    lines["flash_attention_impl"] = impl() if impl else "n/a (torch without the registry)"
     # One bf16 attention call with a padding mask (what training runs): a broken kernel or
     # driver shows here, before any test or training run.
     try:
@@ -186,9 +192,12 @@ def _floats(rows: list[dict[str, str]], key: str) -> list[float]:
 
 
 def _load_ckpt(path: Path) -> dict[str, Any]:
-    import torch
+    """A checkpoint train.py wrote, loaded as the project loads them: tensors and plain values
+    only (``weights_only=True``: no pickled code runs)."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from transformer.checkpoints import load_checkpoint
 
-    return torch.load(path, map_location="cpu", weights_only=False)
+    return load_checkpoint(path)
 
 
 def run_info(run: Path, log: Path | None = None) -> dict[str, Any]:
@@ -254,11 +263,11 @@ def cmd_note(args: argparse.Namespace) -> None:
     note = "no result line"
     if args.kind == "train":
         row = _table_row(log, "ours")
-        if row:  # | system | parameters | tokens/s | peak memory | TFLOP/s | MFU | ratio |
-            others = re.findall(r"^\| (torch\.nn\.Transformer|MarianMTModel) \|.*\| (\S+x) \|$",
-                                log, re.M)  # fmt: skip
+        if row:  # system, parameters, tokens/s, step ms, TFLOP/s, MFU, memory, SDPA, ratio
+            peers = r"torch\.nn\.Transformer|MarianMTModel|ours, compiled"
+            others = re.findall(rf"^\| ({peers}) \|.*\| (\S+x) \|$", log, re.M)
             ratios = "".join(f"; {r} vs {n.split('.')[-1]}" for n, r in others)
-            note = f"ours {row[2]} tok/s, MFU {row[5]}, {row[3]}{ratios}"
+            note = f"ours {row[2]} tok/s, MFU {row[5]}, {row[6]}, SDPA {row[7]}{ratios}"
     elif args.kind == "decode":
         row = _table_row(log, "ours, cached")
         if row:
@@ -270,10 +279,220 @@ def cmd_note(args: argparse.Namespace) -> None:
             note = (f"BLEU {m['bleu']:.2f}, -lc {m['bleu_lc']:.2f}, chrF {m['chrf']:.2f}, "
                     f"{m['num_sentences']} sentences in {m['translate_seconds']:.1f} s "
                     f"({len(m['checkpoints'])} checkpoints averaged)")  # fmt: skip
+    elif args.kind == "validation":
+        row = _table_row(log, "attention maps: the training thread")
+        decoding = [line for line in log.splitlines() if line.startswith("| greedy decoding")]
+        if row:
+            note = f"maps {row[1]} s on the training thread; " + "; ".join(
+                f"{c[0].split(', ')[-1]} {c[1]} s"
+                for c in (d.strip("|").split("|") for d in decoding)
+            )
     elif args.kind == "attention":
         rows = [line for line in log.splitlines() if re.match(r"\| (train|decode):", line)]
         note = f"{len(rows)} shapes timed (no masked/padded shapes: the script has none)"
     print(note)
+
+
+def cmd_merge_json(args: argparse.Namespace) -> None:
+    """{LABEL: the file's JSON} for each LABEL=FILE that exists."""
+    merged = {}
+    for item in args.inputs:
+        label, _, file = item.partition("=")
+        if Path(file).is_file():
+            merged[label] = json.loads(Path(file).read_text())
+    Path(args.out).write_text(json.dumps(merged, indent=1) + "\n")
+    print(f"{', '.join(merged) or 'nothing'} -> {args.out}")
+
+
+def profile_totals(run: Path) -> dict[str, tuple[int, float]]:
+    """Every SimpleProfiler report a run wrote, summed per action: (calls, seconds)."""
+    totals: dict[str, tuple[int, float]] = {}
+    for path in sorted(run.glob("fit-profile*.txt")):
+        for action, (n, seconds) in parse_profile(path).items():
+            calls, total = totals.get(action, (0, 0.0))
+            totals[action] = (calls + n, total + seconds)
+    return totals
+
+
+def cmd_pace(args: argparse.Namespace) -> None:
+    """One stage-2 run of the recipe: appended to OUT (recipe_pace.json), one line printed.
+
+    The fit loop's seconds are the profiler's ``run_training_epoch`` (validation runs inside
+    epochs): updates / those seconds is the run's pace, validation and maps included. Per-hook
+    rows are host times: with no device sync a step, a step's GPU time shows where the host
+    next waits for it, so shares come from comparing whole runs (the recipe against the same
+    run without validation), not from these rows."""
+    run = Path(args.run)
+    info = run_info(run)
+    totals = profile_totals(run)
+    fit_loop = totals.get("run_training_epoch", (0, 0.0))[1]
+    updates = info.get("global_step", 0)
+    entry = {
+        "variant": args.variant,
+        "overrides": args.overrides,
+        "updates": updates,
+        "fit_loop_s": round(fit_loop, 2),
+        "updates_per_s": round(updates / fit_loop, 2) if fit_loop else None,
+        "process_s": args.seconds,
+        "val_bleu_last": info.get("val_bleu_last"),
+        "tokens_per_sec_median": info.get("tokens_per_sec_median"),
+        "attention_analyses": info.get("attention_analyses"),
+        "profile_s": {
+            key: round(totals[action][1], 2)
+            for action, key in PROFILE_ROWS.items()
+            if action in totals
+        },  # fmt: skip
+    }
+    out = Path(args.out)
+    record = json.loads(out.read_text()) if out.is_file() else {"runs": []}
+    record["runs"].append(entry)
+    out.write_text(json.dumps(record, indent=1) + "\n")
+    pace = f"{entry['updates_per_s']} updates/s" if fit_loop else "no profile"
+    print(f"{updates} updates, fit loop {entry['fit_loop_s']} s: {pace}, val/bleu "
+          f"{entry['val_bleu_last']}, maps {entry['attention_analyses']}")  # fmt: skip
+
+
+def _env(out: Path) -> dict[str, str]:
+    path = out / "env.txt"
+    lines = path.read_text(errors="replace").splitlines() if path.is_file() else []
+    return dict(line.split("=", 1) for line in lines if re.match(r"^[a-z_0-9]+=", line))
+
+
+def _train_tables(out: Path) -> list[str]:
+    path = out / "train_steps.json"
+    if not path.is_file():
+        return ["(no train_steps.json: bench_train did not finish)"]
+    lines = [
+        "| preset | system | target tokens/s | step ms p10 / p50 / p90 | MFU | peak memory "
+        "| SDPA | kernels a step | GPU busy | host ms a step | ours / system |",
+        "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
+    ]
+    notes = []
+    for preset, run in json.loads(path.read_text()).items():
+        model, options = run["model"], run["options"]
+        notes.append(
+            f"- {preset}: d_model {model['d_model']}, {model['num_heads']} heads, "
+            f"{model['num_encoder_layers']}+{model['num_decoder_layers']} layers, FFN "
+            f"{model['d_ff']}, vocabulary {model['tgt_vocab_size']}, {options['tokens']}-token "
+            f"batches from {options['data'] or 'synthetic sentences'}, {run['dtype']}, "
+            f"{options['steps']} timed batches; {run['environment']}"
+        )
+        for r in run["systems"]:
+            p = r["profile"] or {}
+            sdpa = ", ".join(f"{k} x{v}" for k, v in sorted(p.get("sdpa", {}).items())) or "none"
+            busy = p.get("gpu_busy")
+            lines.append(
+                f"| {preset} | {r['name']} | {r['tokens_per_s']:,.0f} | "
+                f"{' / '.join(f'{x:.1f}' for x in r['step_ms'])} | "
+                + (f"{r['mfu']:.1%}" if r["mfu"] is not None else "n/a")
+                + " | "
+                + (f"{r['peak_memory_mib']:,.0f} MiB" if r["peak_memory_mib"] else "n/a")
+                + f" | {sdpa} | {p.get('kernels', '?')} | "
+                + (f"{busy:.0%}" if busy is not None else "n/a")
+                + f" | {p.get('host_ms', float('nan')):.1f} | "
+                + (f"{r['ratio']:.2f}x" if r["ratio"] else "-")
+                + " |"
+            )
+    return [*lines, "", *notes]
+
+
+def _pace_tables(out: Path) -> list[str]:
+    path = out / "recipe_pace.json"
+    if not path.is_file():
+        return ["(no recipe_pace.json: no run of the recipe finished)"]
+    runs = json.loads(path.read_text())["runs"]
+    base = next((r for r in runs if r["variant"] == "recipe"), None)
+    lines = [
+        "| run | overrides | updates | fit loop s | updates/s | / the recipe's | val/bleu "
+        "| maps hook s | validation steps s |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in runs:
+        rel = "-"
+        if base and base["updates_per_s"] and r["updates_per_s"] and r is not base:
+            rel = f"{r['updates_per_s'] / base['updates_per_s']:.2f}x"
+        prof = r["profile_s"]
+        lines.append(
+            f"| {r['variant']} | `{r['overrides'] or '-'}` | {r['updates']} | {r['fit_loop_s']} "
+            f"| {r['updates_per_s']} | {rel} | {r['val_bleu_last']} | "
+            f"{prof.get('attention_maps', '-')} | {prof.get('validation_steps', '-')} |"
+        )
+    alone = next((r for r in runs if r["variant"] == "no validation"), None)
+    if base and alone and base["fit_loop_s"] and alone["fit_loop_s"]:
+        share = alone["fit_loop_s"] / base["fit_loop_s"] * alone["updates"] / base["updates"]
+        lines += ["", f"Training steps' share of the recipe's fit loop (the run without "
+                      f"validation over the recipe, same updates): {share:.0%}"]  # fmt: skip
+    validation = out / "validation.txt"
+    if validation.is_file():
+        table = [line for line in validation.read_text().splitlines() if line.startswith("|")]
+        head = [line for line in validation.read_text().splitlines() if "val BLEU" in line]
+        lines += ["", "Each part of one validation (bench/bench_validation.py):", *head[-1:], "",
+                  *table]  # fmt: skip
+    return lines
+
+
+def _command_tables(log: Path) -> list[str]:
+    """Each command of a bench log (``$ ...``) with the markdown table lines it printed."""
+    if not log.is_file():
+        return [f"(no {log.name})"]
+    lines: list[str] = []
+    for line in log.read_text(errors="replace").splitlines():
+        if line.startswith("$ "):
+            lines += ["", f"`{line[2:].strip()}`", ""]
+        elif line.startswith("|"):
+            lines.append(line)
+    return lines
+
+
+def _recipe_tables(out: Path) -> list[str]:
+    path = out / "recipe_metrics.json"
+    if not path.is_file():
+        return ["(no recipe_metrics.json)"]
+    m = json.loads(path.read_text())
+    t = m["training"]
+    lines = [
+        f"{m['recipe']}: {t.get('global_step')} of {t.get('max_steps')} updates"
+        + ("" if t.get("finished") else " (NOT FINISHED: PARTIAL)"),
+        "",
+        "| test set | BLEU | BLEU -lc | chrF | translate s |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, e in m["evaluations"].items():
+        lines.append(f"| {name} | {e['bleu']} | {e['bleu_lc']} | {e['chrf']} | "
+                     f"{e['translate_seconds']} |")  # fmt: skip
+    return lines
+
+
+REPORTS = {
+    "1": ("Training speed (bench_train)", _train_tables),
+    "2": ("The recipe's pace", _pace_tables),
+    "3": (
+        "Decoding (bench_decode, bench_attention)",
+        lambda out: _command_tables(out / "decode.txt"),
+    ),
+    "recipe": ("The GPU recipe", _recipe_tables),
+}
+
+
+def cmd_report(args: argparse.Namespace) -> None:
+    """The stage's results as markdown, printed and appended to DIR/results.md."""
+    out = Path(args.dir)
+    env = _env(out)
+    title, tables = REPORTS[args.stage]
+    text = "\n".join([
+        f"### {title} ({time.strftime('%Y-%m-%d', time.gmtime())}, `bash bench/gpu_check.sh "
+        f"{args.stage}`)",
+        "",
+        f"{env.get('gpu_name', 'no GPU (dry run)')}, torch {env.get('torch', '?')}, CUDA "
+        f"{env.get('torch_cuda', '?')}, cuDNN {env.get('cudnn', '?')}, flash attention "
+        f"{env.get('flash_attention_impl', '?')}, commit {args.commit}.",
+        "",
+        *tables(out),
+        "",
+    ])  # fmt: skip
+    with open(out / "results.md", "a") as f:
+        f.write(text + "\n")
+    print(text)
 
 
 def cmd_record_call(args: argparse.Namespace) -> None:
@@ -402,8 +621,21 @@ def main() -> None:
     s.add_argument("--log")
     s.add_argument("--max-steps", type=int)
     s = sub.add_parser("note")
-    s.add_argument("kind", choices=["train", "decode", "attention", "eval"])
+    s.add_argument("kind", choices=["train", "decode", "attention", "eval", "validation"])
     s.add_argument("log")
+    s = sub.add_parser("merge-json")
+    s.add_argument("out")
+    s.add_argument("inputs", nargs="+", help="LABEL=FILE")
+    s = sub.add_parser("pace")
+    s.add_argument("run")
+    s.add_argument("out")
+    s.add_argument("--variant", required=True)
+    s.add_argument("--overrides", default="")
+    s.add_argument("--seconds", type=float, default=None, help="the process's wall seconds")
+    s = sub.add_parser("report")
+    s.add_argument("stage", choices=list(REPORTS))
+    s.add_argument("dir")
+    s.add_argument("--commit", default="?")
     s = sub.add_parser("record-call")
     s.add_argument("run")
     s.add_argument("items", nargs="*")

@@ -1,26 +1,35 @@
 #!/usr/bin/env bash
 # The checks to run when a GPU is lent (BENCHMARKS.md, "GPU check: what to run when a GPU is lent").
 #
-#   bench/gpu_check.sh 1|2|3|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
+#   bench/gpu_check.sh 1|2|3|recipe|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
 #
-#   1  environment (env.txt), wheels from .whl/ if hydra/datasets/wandb do not import, the CUDA
-#      and GPU-relevant tests (tests.log, tests.xml), smoke runs of the default experiment, eager
-#      and compiled (smoke.log)
-#   2  the bench suite on the GPU: bench_train base and big, eager and --compile; bench_decode as
-#      evaluate.py batches test_2016_flickr; bench_attention (bench.txt)
-#   3  the Multi30k GPU recipe, stopped (SIGTERM: last.ckpt written) so that the command ends in
-#      time; run again at once (the machine still warm) it resumes from last.ckpt; then the
-#      average of the last 10 epochs, beam 5, on the three test sets (recipe.log,
-#      recipe_metrics.json)
+#   1  training speed: bench_train at the recipe's size, transformer-base and transformer-big,
+#      ours against torch.nn.Transformer and MarianMTModel on Multi30k batches, then ours
+#      compiled at the first two: tokens/s, step-time percentiles, MFU, memory, the SDPA backend
+#      that ran, kernels, GPU busy share and host ms of a profiled step (train_bench.txt,
+#      train_steps.json)
+#   2  the recipe's pace: experiment=multi30k_en_de for 1,200 updates as it is (progress bar,
+#      validation and attention maps at their cadence), without the progress bar, without
+#      validation, with the validation batches of before (4,096 tokens) and compiled
+#      (recipe_pace.log, recipe_pace.json); then what each part of a validation costs
+#      (bench_validation: loss, decoding at both budgets, BLEU, maps; validation.txt)
+#   3  decoding and tests: bench_decode as evaluate.py batches test_2016_flickr, bench_attention
+#      (decode.txt); the CUDA and GPU-relevant tests (tests.log, tests.xml)
+#   recipe  the Multi30k GPU recipe to its end, stopped (SIGTERM: last.ckpt written) so that the
+#      command ends in time; run again at once (the machine still warm) it resumes from
+#      last.ckpt; then the average of the last 10 epochs, beam 5, on the three test sets
+#      (recipe.log, recipe_metrics.json)
 #
-# Every stage ends with a summary table (also summary.txt). Files go to --out DIR, else $OUT (the
-# GPU tool's folder that comes back), else outputs/gpu_check/out: at most 8 over all stages.
-# Each stage keeps within --budget seconds (default 540, under the tool's 10 minutes a command):
-# every step runs under `timeout`, capped by what is left. The exit status is 1 if a step failed.
+# Every stage writes env.txt (the machine), ends with a summary table of its steps (summary.txt)
+# and, last, its results as markdown tables for BENCHMARKS.md (results.md). Files go to --out
+# DIR, else $OUT (the GPU tool's folder that comes back), else outputs/gpu_check/out: at most 8 a
+# stage. Each stage keeps within --budget seconds (default 540, under the tool's 10 minutes a
+# command): every step runs under `timeout`, capped by what is left. The exit status is 1 if a
+# step failed.
 #
 # --dry-run runs every step at tiny size on the CPU (tiny model, a synthetic corpus unless
 # --data DIR, bench scripts at their test sizes, pytest --collect-only, torch.compile switched
-# off by TORCHDYNAMO_DISABLE): the command lines of a real run, checked anywhere in a minute or so.
+# off by TORCHDYNAMO_DISABLE): the command lines of a real run, checked anywhere in minutes.
 #
 # The interpreter is $PYTHON, default python3 (the venv's, when one is active).
 set -euo pipefail
@@ -37,7 +46,7 @@ BUDGET=540
 DATA_ARG=""
 while (($#)); do
   case "$1" in
-    1 | 2 | 3 | all) STAGE=$1 ;;
+    1 | 2 | 3 | recipe | all) STAGE=$1 ;;
     --dry-run) DRY=1 ;;
     --out) OUT_DIR=${2:?--out needs a directory}; shift ;;
     --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
@@ -47,13 +56,14 @@ while (($#)); do
   esac
   shift
 done
-[[ -n $STAGE ]] || { echo "gpu_check.sh: name a stage: 1, 2, 3 or all" >&2; usage 2 >&2; }
+[[ -n $STAGE ]] || { echo "gpu_check.sh: name a stage: 1, 2, 3, recipe or all" >&2; usage 2 >&2; }
 [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; usage 2 >&2; }
 
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
 HELP=("$PY" "$ROOT/bench/gpu_check.py")
+COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
 # The project is not pip-installed on the GPU machine: it runs from this checkout.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
 # No network there: wandb logs offline, Hugging Face libraries never try the hub.
@@ -72,7 +82,7 @@ if ((DRY)); then
   WORK=$TMP/work  # a dry run leaves nothing behind
 else
   # Ignored by git, so it survives between two commands while the GPU machine stays warm:
-  # stage 3's second call resumes from here.
+  # the recipe stage's second call resumes from here.
   WORK=$ROOT/outputs/gpu_check
 fi
 CACHE_ARGS=()
@@ -219,15 +229,12 @@ ensure_data() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Stage 1: environment, tests, smoke runs.
+# Every stage: the machine (env.txt).
 
-stage1() {
-  local env=$OUT_DIR/env.txt tests=$OUT_DIR/tests.log smoke=$OUT_DIR/smoke.log
-  : >"$env"
-  ensure_deps "$env"
-  require_gpu
+write_env() {
+  local env=$OUT_DIR/env.txt
   {
-    echo "# gpu_check stage 1, $(date -u +%FT%TZ), dry_run=$DRY, commit $(git rev-parse --short HEAD 2>/dev/null || echo '?')"
+    echo "# gpu_check stage $CUR, $(date -u +%FT%TZ), dry_run=$DRY, commit $COMMIT"
     if command -v nvidia-smi >/dev/null; then
       timeout 60 nvidia-smi || echo "nvidia-smi failed: $?"
       timeout 60 nvidia-smi --query-gpu=name,driver_version,memory.total,compute_cap,clocks.max.sm,power.limit --format=csv || true
@@ -236,8 +243,147 @@ stage1() {
     fi
   } >>"$env" 2>&1
   run_step 90 "$env" "${HELP[@]}" env
-  record env "$STATUS" "$LAST_SECONDS" "$(grep -E '^(gpu_name|torch|torch_cuda|bf16_supported)=' "$env" | tr '\n' ' ')"
+  record env "$STATUS" "$LAST_SECONDS" "$(grep -E '^(gpu_name|torch|torch_cuda|cudnn|flash_attention_impl)=' "$env" | tr '\n' ' ')"
+}
+
+# Set-up shared by the stages: packages, GPU, the machine, data.
+begin_stage() {
+  : >"$OUT_DIR/env.txt"
+  ensure_deps "$OUT_DIR/env.txt"
+  require_gpu
+  write_env
   ensure_data
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stage 1: training speed.
+
+stage1() {
+  local bench=$OUT_DIR/train_bench.txt
+  : >"$bench"
+  begin_stage
+  # bench_train (bench/bench_train.py): a warm pass over every batch shape, then 50 timed
+  # batches per system in a fixed order and its reverse, bf16 autocast, fused AdamW for all, the
+  # project's own Multi30k batches (data/cache shares the tokenizer and ids with train.py),
+  # padded to multiples of 8. First ours and ours on full logits against torch.nn.Transformer
+  # and MarianMTModel at each size; then ours against ours compiled alone (a compilation that
+  # runs long costs those runs only), at the recipe's size and base.
+  local common=(--data "$DATA" --dtype bf16 --pad-to-multiple 8)
+  local compile_env=()
+  if ((DRY)); then
+    common=(--dry-run --data "$DATA" --data-vocab "$DRY_VOCAB" --cache-dir "$TMP/cache")
+    compile_env=(env TORCHDYNAMO_DISABLE=1)
+  fi
+  local run preset limit extra merged=()
+  for run in recipe base big recipe-compiled base-compiled; do
+    preset=${run%-compiled}
+    case $run in
+      *-compiled) limit=150 extra=(--no-peers --compiled-too) ;;
+      big) limit=150 extra=(--full-logits-too) ;;
+      *) limit=120 extra=(--full-logits-too) ;;
+    esac
+    rm -f "$WORK/bench_train_$run.json"
+    run_step "$limit" "$bench" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \
+      "${common[@]}" "${extra[@]}" --out "$WORK/bench_train_$run.json"
+    record "bench_train $run" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
+    merged+=("$run=$WORK/bench_train_$run.json")
+  done
+  "${HELP[@]}" merge-json "$OUT_DIR/train_steps.json" "${merged[@]}" >>"$bench" 2>&1 || true
+}
+
+# pytest's result lines ("170 passed, 9 skipped in 80s", "179 tests collected in 4s") of the
+# step last appended to LOG, one per pytest process.
+pytest_result() {
+  awk '/^\$ /{buf=""} /(passed|failed|error|collected|no tests ran).* in [0-9.]+s/{buf=buf $0 "; "} END{printf "%s", buf}' "$1"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stage 2: the recipe's pace, and what a validation costs.
+
+stage2() {
+  local log=$OUT_DIR/recipe_pace.log pace=$OUT_DIR/recipe_pace.json
+  : >"$log"
+  rm -f "$pace"
+  begin_stage
+  # experiment=multi30k_en_de for 1,200 updates (10 epochs: 10 validations with val BLEU on
+  # all 1,014 sentences, the attention maps at the 1st and 6th), Lightning's SimpleProfiler
+  # written beside (the fit loop's seconds), each change on its own: updates / fit-loop seconds,
+  # and the recipe's fit loop against the same updates without validation (training's share;
+  # the maps run at validations only).
+  local steps=1200
+  ((DRY)) && steps=6
+  local names=("recipe" "no progress bar" "no validation" "validation batches of 4096" "compiled")
+  local changes=("" "trainer.enable_progress_bar=false"
+    "trainer.limit_val_batches=0"
+    "validation.max_tokens=4096" "compile=true data.pad_to_multiple=8")
+  local i run extra compose
+  for i in "${!names[@]}"; do
+    run=$WORK/pace/run$i
+    rm -rf "$run"
+    read -r -a extra <<<"${changes[$i]}"
+    # A dry run trains the recipe and the run without validation; the others' overrides are
+    # only composed (hydra --cfg job), which is what a dry run can tell of them.
+    compose=()
+    ((DRY)) && ((i != 0 && i != 2)) && compose=(--cfg job)
+    run_step 150 "$log" "$PY" train.py experiment=multi30k_en_de \
+      "data.root=$DATA" data.download=false logger=csv "hydra.run.dir=$run" \
+      "trainer.max_steps=$steps" +trainer.profiler._target_=lightning.pytorch.profilers.SimpleProfiler \
+      "+trainer.profiler.dirpath=$run" +trainer.profiler.filename=profile \
+      "${extra[@]}" "${DRY_TRAIN[@]}" "${compose[@]}"
+    local status=$STATUS secs=$LAST_SECONDS note
+    if ((${#compose[@]})); then
+      note="dry run: composed only"
+    elif [[ $STATUS == ok ]]; then
+      note=$("${HELP[@]}" pace "$run" "$pace" --variant "${names[$i]}" \
+        --overrides "${changes[$i]}" --seconds "$secs" 2>&1 | tail -n 1)
+    else
+      note=$(failure_note "$log")
+    fi
+    record "pace: ${names[$i]}" "$status" "$secs" "$note"
+  done
+  # What each part of one validation costs, on the first run's checkpoint: the loss pass and
+  # greedy decoding at both budgets, BLEU, the attention maps (training thread, worker).
+  local validation=$OUT_DIR/validation.txt ckpt=$WORK/pace/run0/checkpoints/last.ckpt
+  : >"$validation"
+  local args=(--data "$DATA" --device cuda --rounds 3)
+  ((DRY)) && args=(--data "$DATA" --device cpu --rounds 1 --cache-dir "$TMP/cache" --max-tokens 256,2048)
+  run_step 150 "$validation" "$PY" bench/bench_validation.py "$ckpt" "${args[@]}"
+  record "bench_validation" "$STATUS" "$LAST_SECONDS" "$(bench_note validation "$validation")"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Stage 3: decoding, and the tests.
+
+stage3() {
+  local decode_log=$OUT_DIR/decode.txt tests=$OUT_DIR/tests.log
+  : >"$decode_log"
+  : >"$tests"
+  begin_stage
+
+  # bench_decode: beam 5, bf16 weights, test_2016_flickr in evaluate.py's batches (4096 source
+  # tokens) with the reference lengths (sentences end at different steps, as a trained model's
+  # do), then equal lengths (the cost of one step alone). Marian when transformers imports.
+  local marian=()
+  "$PY" -c 'import transformers' >/dev/null 2>&1 || marian=(--no-marian)
+  local decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
+    --dtype bfloat16 --max-tokens 4096 --no-uncached "${marian[@]}")
+  if ((DRY)); then
+    decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
+      --dtype bfloat16 --max-tokens 64 --no-uncached "${marian[@]}" --cache-dir "$TMP/cache"
+      --limit 12 --vocab "$DRY_VOCAB" --d-model 32 --heads 2 --layers 1 --d-ff 64 --length 4)
+  fi
+  local lengths
+  for lengths in reference equal; do
+    run_step 150 "$decode_log" "${decode[@]}" --lengths "$lengths"
+    record "bench_decode $lengths" "$STATUS" "$LAST_SECONDS" "$(bench_note decode "$decode_log")"
+  done
+
+  # bench_attention: its four fixed shapes (two training, two decoding), float32 vs bf16; the
+  # script has no option for padded/masked shapes.
+  local device=cuda repeat=30
+  ((DRY)) && device=cpu repeat=1
+  run_step 90 "$decode_log" "$PY" bench/bench_attention.py --device "$device" --repeat "$repeat"
+  record "bench_attention" "$STATUS" "$LAST_SECONDS" "$(bench_note attention "$decode_log")"
 
   # The tests: those marked `cuda` (alone: they may measure the GPU), then the files whose code
   # paths a GPU changes (precision, fused optimizer, attention kernels, decoding, training,
@@ -255,7 +401,6 @@ stage1() {
     done
     [[ -z $kept ]] || present+=(--shard "$kept")
   done
-  : >"$tests"
   # tests that need the real corpus find it here; elsewhere they skip
   ((DRY)) || export MULTI30K_DIR=$DATA
   run_step 150 "$tests" "$PY" -m pytest "${pytest[@]}" -m cuda --junitxml "$WORK/junit_cuda.xml"
@@ -264,24 +409,6 @@ stage1() {
   else
     record "pytest -m cuda" "$STATUS" "$LAST_SECONDS" "$(pytest_result "$tests")"
   fi
-
-  # The default experiment as a user starts it, the GPU defaults included (precision auto =
-  # bf16-mixed, fused AdamW, clipping 1.0): 200 steps take it through one epoch's end, hence
-  # validation with BLEU, the attention maps and the epoch checkpoint.
-  : >"$smoke"
-  local steps=200
-  ((DRY)) && steps=4
-  rm -rf "$WORK/smoke" "$WORK/smoke_compile"
-  run_step 150 "$smoke" "$PY" train.py "data.root=$DATA" data.download=false \
-    "trainer.max_steps=$steps" logger=csv "hydra.run.dir=$WORK/smoke" \
-    trainer.enable_progress_bar=false "${DRY_TRAIN[@]}"
-  local status=$STATUS secs=$LAST_SECONDS failed=""
-  [[ $STATUS == ok ]] || failed="$(failure_note "$smoke"); "
-  "${HELP[@]}" run-info "$WORK/smoke" --log "$smoke" >"$TMP/smoke.info" 2>&1 || true
-  cat "$TMP/smoke.info" >>"$smoke"
-  record "smoke: train.py default" "$status" "$secs" "$failed$(smoke_note "$TMP/smoke.info")"
-
-  # After the smoke run, so that a slow test run cannot crowd it out of the stage's budget.
   local threads=$(($(nproc) / 3))
   ((threads >= 1)) || threads=1
   run_step 300 "$tests" "${HELP[@]}" pytest-shards --threads "$threads" \
@@ -292,93 +419,6 @@ stage1() {
   record "pytest GPU-relevant files" "$STATUS" "$LAST_SECONDS" "$note"
   "${HELP[@]}" junit-merge "$OUT_DIR/tests.xml" "cuda=$WORK/junit_cuda.xml" \
     "units=$WORK/junit_units.xml" >>"$tests" 2>&1 || true
-
-  # The same with compile=true (dynamic shapes, padded to multiples of 8, as the README's GPU
-  # switches say): does inductor compile our model on this GPU, and what does it gain? A dry run
-  # disables dynamo, so only the options are checked.
-  local compile_env=()
-  ((DRY)) && compile_env=(env TORCHDYNAMO_DISABLE=1) steps=2  # dry: no validation either
-  ((DRY)) || steps=150
-  run_step 200 "$smoke" "${compile_env[@]}" "$PY" train.py "data.root=$DATA" \
-    data.download=false "trainer.max_steps=$steps" logger=csv "hydra.run.dir=$WORK/smoke_compile" \
-    trainer.enable_progress_bar=false compile=true data.pad_to_multiple=8 "${DRY_TRAIN[@]}"
-  status=$STATUS secs=$LAST_SECONDS failed=""
-  [[ $STATUS == ok ]] || failed="$(failure_note "$smoke"); "
-  "${HELP[@]}" run-info "$WORK/smoke_compile" --log "$smoke" >"$TMP/compile.info" 2>&1 || true
-  cat "$TMP/compile.info" >>"$smoke"
-  record "smoke: compile=true" "$status" "$secs" "$failed$(smoke_note "$TMP/compile.info")"
-}
-
-# pytest's result lines ("170 passed, 9 skipped in 80s", "179 tests collected in 4s") of the
-# step last appended to LOG, one per pytest process.
-pytest_result() {
-  awk '/^\$ /{buf=""} /(passed|failed|error|collected|no tests ran).* in [0-9.]+s/{buf=buf $0 "; "} END{printf "%s", buf}' "$1"
-}
-
-smoke_note() {
-  local f=$1
-  echo "step $(kv global_step "$f"), $(kv precision "$f"), fused=$(kv optimizer_fused "$f"), loss $(kv train_loss_first_last "$f"), $(kv tokens_per_sec_median "$f") tok/s, val/bleu $(kv val_bleu_last "$f"), maps $(kv attention_analyses "$f")"
-}
-
-# ---------------------------------------------------------------------------------------------
-# Stage 2: the bench suite.
-
-stage2() {
-  local bench=$OUT_DIR/bench.txt
-  : >"$bench"
-  ensure_deps "$bench"
-  require_gpu
-  ensure_data
-  echo "# gpu_check stage 2, $(date -u +%FT%TZ), dry_run=$DRY" >>"$bench"
-
-  # bench_train: ours against torch.nn.Transformer and MarianMTModel (and ours on full logits),
-  # bf16 autocast, ~25k-token batches padded to multiples of 8 (the GPU setting), 3 warm-up and
-  # 10 timed steps. A dry run: the tiny size its test uses.
-  local size_args=(--device cuda --tokens 25000)
-  ((DRY)) && size_args=(--device cpu --tokens 1000 --warmup 1 --steps 1 --peak-tflops 1)
-  local train=("$PY" bench/bench_train.py --dtype bf16 --pad-to-multiple 8 "${size_args[@]}")
-  local compile_env=()
-  ((DRY)) && compile_env=(env TORCHDYNAMO_DISABLE=1)
-  local model size
-  for size in base big; do
-    model=$size
-    ((DRY)) && model=tiny
-    run_step 150 "$bench" "${train[@]}" --model "$model" --full-logits-too
-    record "bench_train $size bf16" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
-  done
-
-  # bench_decode: beam 5, bf16 weights, test_2016_flickr in evaluate.py's batches (4096 source
-  # tokens) with the reference lengths (sentences end at different steps, as a trained model's
-  # do), then equal lengths (the cost of one step alone). Marian when transformers imports.
-  local marian=()
-  "$PY" -c 'import transformers' >/dev/null 2>&1 || marian=(--no-marian)
-  local decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
-    --dtype bfloat16 --max-tokens 4096 --no-uncached "${marian[@]}")
-  if ((DRY)); then
-    decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
-      --dtype bfloat16 --max-tokens 64 --no-uncached "${marian[@]}" --cache-dir "$TMP/cache"
-      --limit 12 --vocab "$DRY_VOCAB" --d-model 32 --heads 2 --layers 1 --d-ff 64 --length 4)
-  fi
-  local lengths
-  for lengths in reference equal; do
-    run_step 150 "$bench" "${decode[@]}" --lengths "$lengths"
-    record "bench_decode $lengths" "$STATUS" "$LAST_SECONDS" "$(bench_note decode "$bench")"
-  done
-
-  # bench_attention: its four fixed shapes (two training, two decoding), float32 vs bf16; the
-  # script has no option for padded/masked shapes.
-  local device=cuda repeat=30
-  ((DRY)) && device=cpu repeat=1
-  run_step 90 "$bench" "$PY" bench/bench_attention.py --device "$device" --repeat "$repeat"
-  record "bench_attention" "$STATUS" "$LAST_SECONDS" "$(bench_note attention "$bench")"
-
-  # Last, as they take longest (torch.compile of every system; each gets what is left).
-  for size in base big; do
-    model=$size
-    ((DRY)) && model=tiny
-    run_step 240 "$bench" "${compile_env[@]}" "${train[@]}" --model "$model" --compile
-    record "bench_train $size --compile" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
-  done
 }
 
 # The output of the step last appended to LOG (after its last "$ " command line).
@@ -403,22 +443,20 @@ bench_note() {
 }
 
 # ---------------------------------------------------------------------------------------------
-# Stage 3: the Multi30k GPU recipe, resumable across calls, then its evaluation.
+# Stage recipe: the Multi30k GPU recipe, resumable across calls, then its evaluation.
 
 EVAL_RESERVE=75   # three evaluate.py runs on the GPU (load, beam 5, score), with margin
 STARTUP_RESERVE=45  # train.py before training starts (imports, data, sanity check)
 
-stage3() {
+stage_recipe() {
   local log=$OUT_DIR/recipe.log run=$WORK/recipe max_steps=12000 max_calls=1
   # A dry run trains 6 updates (2 epochs of 3) in two calls, the first cut after 4, inside the
   # second epoch (as the call's time limit cuts a real one): the resume runs too, and the
   # averaged epochs span it, as the real recipe's last 10 do when a second call trains fewer.
   ((DRY)) && max_steps=6 max_calls=2
   : >"$log"
-  ensure_deps "$log"
-  require_gpu
-  ensure_data
-  echo "# gpu_check stage 3, $(date -u +%FT%TZ), dry_run=$DRY, run dir $run" >>"$log"
+  begin_stage
+  echo "# gpu_check stage recipe, $(date -u +%FT%TZ), dry_run=$DRY, run dir $run" >>"$log"
 
   local calls=0 finished=False info=$TMP/recipe.info train_failed=0
   while :; do
@@ -507,7 +545,7 @@ stage3() {
   "${HELP[@]}" recipe-metrics "$run" "$OUT_DIR/recipe_metrics.json" --max-steps "$max_steps" \
     >>"$log" 2>&1 || record "recipe metrics" FAIL 0 "see recipe.log"
   if [[ $finished != True ]] && ((!train_failed)); then
-    record "recipe" warn 0 "NOT FINISHED: run stage 3 again at once (machine still warm) to resume from $run/checkpoints/last.ckpt"
+    record "recipe" warn 0 "NOT FINISHED: run stage recipe again at once (machine still warm) to resume from $run/checkpoints/last.ckpt"
   fi
 }
 
@@ -523,6 +561,8 @@ finish() {
   echo
   echo "gpu_check: ${#files[@]} files in $OUT_DIR: ${files[*]##*/}"
   echo "$table"
+  echo
+  cat "$OUT_DIR/results.md" 2>/dev/null || true  # last: the tables for BENCHMARKS.md
   # (awk, not grep -q: an early exit would break the pipe and read as "nothing failed")
   if awk -F'\t' '$3 !~ /^(ok|warn|skip)$/ {bad = 1} END {exit bad}' "$STEPS"; then
     exit 0
@@ -531,7 +571,8 @@ finish() {
 }
 
 stages=("$STAGE")
-[[ $STAGE == all ]] && stages=(1 2 3)
+[[ $STAGE == all ]] && stages=(1 2 3 recipe)
+: >"$OUT_DIR/results.md"
 for s in "${stages[@]}"; do
   CUR=$s
   STAGE_START=$SECONDS
@@ -539,6 +580,9 @@ for s in "${stages[@]}"; do
     1) stage1 ;;
     2) stage2 ;;
     3) stage3 ;;
+    recipe) stage_recipe ;;
   esac
+  "${HELP[@]}" report "$s" "$OUT_DIR" --commit "$COMMIT" >/dev/null 2>>"$OUT_DIR/summary.txt" ||
+    record report FAIL 0 "gpu_check.py report $s failed (summary.txt)"
 done
 finish

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import WandbLogger
+from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import transformer.analysis.maps as maps_module
 import transformer.attention as attention_module
@@ -36,7 +37,7 @@ def overrides_with_maps(corpus: Path) -> list[str]:
     return [o for o in tiny_overrides(corpus) if o != ATTENTION_MAPS_OFF]
 
 
-PAGES: list[list[int]] = []  # the csv run's explorer pages as written: the steps each holds
+DRAWN_HERE: list[str] = []  # figures the csv run drew in the training process
 
 
 @pytest.fixture(scope="module")
@@ -49,14 +50,14 @@ def csv_run(corpus, tmp_path_factory) -> Path:
         "trainer.val_check_interval=3", "callbacks.attention_maps.every_n_validations=2",
         "callbacks.attention_maps.types=[cross]", "callbacks.attention_maps.head_scalars=true",
     ]  # fmt: skip
-    write_page = explorer.write_page
+    draw = FigureCanvasAgg.draw
 
-    def tracked_write_page(records, path):
-        PAGES.append([r["step"] for r in records])
-        return write_page(records, path)
+    def tracked_draw(canvas, *args, **kwargs):
+        DRAWN_HERE.append(repr(canvas.figure))
+        return draw(canvas, *args, **kwargs)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(explorer, "write_page", tracked_write_page)
+        patch.setattr(FigureCanvasAgg, "draw", tracked_draw)
         train(compose_cfg(overrides, out))
     return out
 
@@ -79,8 +80,13 @@ def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     }  # fmt: skip
 
 
-def test_explorer_is_rewritten_at_each_map_validation_one_validation_longer(csv_run) -> None:
-    assert PAGES == [[3], [3, 9]]
+def test_figures_are_drawn_outside_the_training_process(csv_run) -> None:
+    """The training thread only captures the data; the PNGs of both map validations (checked
+    above) come from the worker process, done by the end of fit."""
+    assert DRAWN_HERE == []
+
+
+def test_explorer_page_holds_every_map_validation(csv_run) -> None:
     root = csv_run / "attention"
     assert [r["step"] for r in explorer.load_records(root)] == [3, 9]
     page = (root / "explorer.html").read_text()
@@ -150,6 +156,23 @@ def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     assert html.read_text() == (tmp_path / "attention" / "explorer.html").read_text()
     assert (tmp_path / "attention" / "step0000003" / "cross" / "layer0").is_dir()
     assert explicit_calls and all(explicit_calls)
+
+
+def test_a_failed_drawing_is_reported_and_training_goes_on(corpus, tmp_path, caplog) -> None:
+    """The worker cannot write the explorer page (a directory stands in its way): the error is
+    logged with its step, the run finishes, and the step's data and head grids are there."""
+    (tmp_path / "attention" / "explorer.html").mkdir(parents=True)
+    overrides = [
+        *overrides_with_maps(corpus), *ANALYSIS, "trainer.max_steps=3",
+        "trainer.val_check_interval=3", "callbacks.attention_maps.types=[cross]",
+    ]  # fmt: skip
+    with caplog.at_level("ERROR", logger="transformer.analysis.callback"):
+        train(compose_cfg(overrides, tmp_path))
+    (error,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert error.startswith("attention figures of step 3 failed in the worker process: IsADir")
+    step = tmp_path / "attention" / "step0000003"
+    assert (step / "explorer.json").is_file() and (step / "cross" / "layer0").is_dir()
+    assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
 def eval_cfg(overrides: list[str], out_dir: Path):

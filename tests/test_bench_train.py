@@ -1,22 +1,36 @@
-"""bench/bench_train.py: the FLOP formula by hand, the batches, a tiny CPU run of each system."""
+"""bench/bench_train.py: the FLOP formula by hand, the batches, and its dry run: a warm pass over
+every timed shape, a fixed order and its reverse, totals and percentiles from the steps it keeps,
+the attention backend that ran."""
 
 import importlib.util
+import json
 
+import numpy as np
 import pytest
 import torch
 
+from bench import bench_train
 from bench.bench_train import main, make_batches, matrix_params, model_config, train_flops
-from bench.common import logits_loss, own_loss
+from bench.common import logits_loss, own_loss, train_step
 from transformer import Transformer, TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
-TINY_RUN = ["--model", "tiny", "--device", "cpu", "--tokens", "1000", "--warmup", "1"]
-TINY_RUN += ["--steps", "1", "--peak-tflops", "1", "--full-logits-too"]
-
 
 @pytest.fixture(scope="module")
-def result():
-    return main(TINY_RUN)
+def dry(tmp_path_factory):
+    """The dry run (tiny, CPU) with ours on full logits too, its steps kept, and the shapes of
+    the batches every training step really got, in call order."""
+    out = tmp_path_factory.mktemp("bench") / "steps.json"
+    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+
+    def spy(loss, opt, batch, num_labels, autocast):
+        shapes.append((tuple(batch[0].shape), tuple(batch[2].shape)))
+        return train_step(loss, opt, batch, num_labels, autocast)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(bench_train, "train_step", spy)
+        result = main(["--dry-run", "--full-logits-too", "--out", str(out)])
+    return result, shapes, json.loads(out.read_text())
 
 
 def test_flops_of_a_one_layer_model_by_hand() -> None:
@@ -56,17 +70,64 @@ def test_batches_are_bucketed_within_the_budget() -> None:
     assert real / total > 0.75  # length bucketing keeps padding small
 
 
-def test_tiny_run_times_every_system(result) -> None:
-    rows = {r.name: r for r in result.rows}
-    assert {"ours", "ours, full logits", "torch.nn.Transformer"} <= set(rows)
-    for r in rows.values():
-        assert r.tokens_per_s > 0 and r.tflops > 0 and r.mfu > 0
-        assert r.peak_memory_mib is None  # CPU: n/a
-        assert (r.ratio is None) == (r.name == "ours")
-    assert rows["torch.nn.Transformer"].ratio > 0
+def test_the_steps_kept_are_the_steps_run(dry) -> None:
+    result, shapes, _ = dry
+    assert [(s.src_shape, s.tgt_shape) for s in result.steps] == shapes[
+        : len(shapes) - len(result.rows)
+    ]  # then one profiled step per system
+
+
+def test_every_timed_shape_is_warmed_up_first_for_every_system(dry) -> None:
+    result, _, _ = dry
+    names = [r.name for r in result.rows]
+    assert names[:2] == ["ours", "ours, full logits"] and "torch.nn.Transformer" in names
+    for name in names:
+        mine = [s for s in result.steps if s.system == name]
+        phases = [s.phase for s in mine]
+        assert phases == sorted(phases, key=["warm", "timed"].index)  # all warm steps first
+        warm = {(s.src_shape, s.tgt_shape) for s in mine if s.phase == "warm"}
+        timed = [(s.src_shape, s.tgt_shape) for s in mine if s.phase == "timed"]
+        assert len(timed) == 4 and len(set(timed)) > 1 and set(timed) <= warm
+
+
+def test_systems_take_turns_in_a_fixed_order_and_its_reverse(dry) -> None:
+    result, _, _ = dry
+    names = [r.name for r in result.rows]
+    timed = [s for s in result.steps if s.phase == "timed"]
+    for batch in range(4):
+        order = [s.system for s in timed if s.batch == batch]
+        assert order == (names if batch % 2 == 0 else names[::-1])
+        assert [s.position for s in timed if s.batch == batch] == list(range(len(names)))
+
+
+def test_totals_and_percentiles_come_from_the_steps_kept(dry) -> None:
+    result, _, kept = dry
+    steps = [s for s in kept["steps"] if s["phase"] == "timed"]
+    total = {}
+    for row in kept["systems"]:
+        mine = [s for s in steps if s["system"] == row["name"]]
+        seconds = [s["seconds"] for s in mine]
+        total[row["name"]] = sum(seconds)
+        assert row["tokens_per_s"] == pytest.approx(sum(s["tokens"] for s in mine) / sum(seconds))
+        p10, p50, p90 = row["step_ms"]
+        assert p10 <= p50 <= p90
+        assert [p10, p50, p90] == pytest.approx(np.percentile(seconds, [10, 50, 90]) * 1e3)
+        assert row["mfu"] > 0 and row["peak_memory_mib"] is None  # CPU: n/a
+    for row in kept["systems"][1:]:
+        assert row["ratio"] == pytest.approx(total[row["name"]] / total["ours"])
+    assert [r.name for r in result.rows] == [r["name"] for r in kept["systems"]]
+
+
+def test_the_attention_backend_that_ran_is_named(dry) -> None:
+    """From the aten ops of a profiled step: ours calls SDPA once per attention layer (2 encoder
+    self-attention, 2 decoder self- and 2 cross-attention: CPU's flash kernel in float32)."""
+    rows = {r.name: r for r in dry[0].rows}
+    assert rows["ours"].profile.sdpa == {"cpu-flash": 6}
+    assert rows["ours"].profile.kernels > 100 and rows["ours"].profile.gpu_busy is None
+    assert sum(rows["torch.nn.Transformer"].profile.sdpa.values()) == 6
     installed = importlib.util.find_spec("eole") is not None
     assert ("eole" in rows) == installed
-    assert ("eole: not installed (pip install eole)" in result.notes) != installed
+    assert ("eole: not installed (pip install eole)" in dry[0].notes) != installed
 
 
 def test_ours_own_loss_is_the_peers_loss_on_the_same_batch() -> None:
@@ -80,11 +141,12 @@ def test_ours_own_loss_is_the_peers_loss_on_the_same_batch() -> None:
     torch.testing.assert_close(own, logits_loss(model, 0.1)(batch, n))
 
 
-def test_marian_is_compared_when_transformers_is_installed(result) -> None:
+def test_marian_is_compared_when_transformers_is_installed(dry) -> None:
     reason = "MarianMTModel needs transformers, in the `bench` extra: pip install -e '.[bench]'"
     pytest.importorskip("transformers", reason=reason)
-    rows = {r.name: r for r in result.rows}
+    rows = {r.name: r for r in dry[0].rows}
     assert rows["MarianMTModel"].tokens_per_s > 0 and rows["MarianMTModel"].ratio > 0
+    assert sum(rows["MarianMTModel"].profile.sdpa.values()) == 6
 
 
 def test_eole_model_has_our_sizes_and_interface() -> None:

@@ -1,6 +1,7 @@
-"""bench/gpu_check.sh, the checks a session runs when a GPU is lent: its three stages, dry-run on
-CPU (tiny model, synthetic corpus, bench scripts at their test sizes), run every command line a
-real run uses, and each step leaves what it must (an empty or missing result fails here)."""
+"""bench/gpu_check.sh, the checks a session runs when a GPU is lent: its stages (training speed,
+the recipe's pace, decoding and tests, the recipe), dry-run on CPU (tiny model, synthetic corpus,
+bench scripts at their test sizes), run every command line a real run uses, and each step leaves
+what it must (an empty or missing result fails here)."""
 
 from __future__ import annotations
 
@@ -18,8 +19,13 @@ import torch
 from tests.tiny import REPO
 
 SCRIPT = REPO / "bench" / "gpu_check.sh"
-FILES = {"env.txt", "tests.log", "tests.xml", "smoke.log", "bench.txt", "recipe.log",
-         "recipe_metrics.json", "summary.txt"}  # fmt: skip
+SHARED = {"env.txt", "summary.txt", "results.md"}  # every stage writes these
+STAGE_FILES = {
+    "1": {"train_bench.txt", "train_steps.json"},
+    "2": {"recipe_pace.log", "recipe_pace.json", "validation.txt"},
+    "3": {"decode.txt", "tests.log", "tests.xml"},
+    "recipe": {"recipe.log", "recipe_metrics.json"},
+}
 SPLITS = ("test_2016_flickr", "test_2017_flickr", "test_2017_mscoco")
 
 
@@ -41,32 +47,56 @@ def read(out: Path, name: str) -> str:
     return (out / name).read_text()
 
 
-def test_all_stages_exit_0_within_eight_files(dry) -> None:
+def test_all_stages_exit_0_within_eight_files_each(dry) -> None:
     done, out = dry
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    assert {p.name for p in out.iterdir()} == FILES  # the GPU tool brings back at most 8
+    assert {p.name for p in out.iterdir()} == SHARED.union(*STAGE_FILES.values())
+    assert all(len(SHARED | files) <= 8 for files in STAGE_FILES.values())  # the GPU tool's limit
 
 
-def test_summary_table_comes_last_with_every_step(dry) -> None:
+def test_summary_table_then_the_results_come_last_with_every_step(dry) -> None:
     done, out = dry
-    assert done.stdout.rstrip().endswith("failed")  # the table is the end of stdout
+    assert done.stdout.rstrip().endswith(read(out, "results.md").rstrip())  # the end of stdout
     lines = read(out, "summary.txt").splitlines()
-    rows = [r.split(" | ") for r in lines if re.match(r"\| [123] \|", r)]
+    rows = [r.split(" | ") for r in lines if re.match(r"\| ([123]|recipe) \|", r)]
     steps = {(r[0].strip("| "), r[1]): r[2] for r in rows}
     assert set(steps.values()) <= {"ok", "warn"}, rows  # warn: e.g. no cuda-marked test yet
-    for stage, step in [("1", "env"), ("1", "pytest GPU-relevant files"),
-                        ("1", "smoke: train.py default"), ("1", "smoke: compile=true"),
-                        ("2", "bench_train base bf16"), ("2", "bench_train big --compile"),
-                        ("2", "bench_decode reference"), ("2", "bench_attention"),
-                        ("3", "recipe train (call 1)"), ("3", "recipe train (call 2)"),
-                        *[("3", f"evaluate {s}") for s in SPLITS]]:  # fmt: skip
+    for stage, step in [("1", "env"), ("1", "bench_train recipe"), ("1", "bench_train base"),
+                        ("1", "bench_train big"), ("1", "bench_train recipe-compiled"),
+                        ("1", "bench_train base-compiled"), ("2", "pace: recipe"),
+                        ("2", "pace: no progress bar"), ("2", "pace: no validation"),
+                        ("2", "pace: validation batches of 4096"), ("2", "pace: compiled"),
+                        ("2", "bench_validation"), ("3", "bench_decode reference"),
+                        ("3", "bench_decode equal"), ("3", "bench_attention"),
+                        ("3", "pytest GPU-relevant files"), ("recipe", "recipe train (call 1)"),
+                        ("recipe", "recipe train (call 2)"),
+                        *[("recipe", f"evaluate {s}") for s in SPLITS]]:  # fmt: skip
         assert steps.get((stage, step)) == "ok", (stage, step, rows)
+
+
+def test_results_hold_a_table_for_each_stage(dry) -> None:
+    results = read(dry[1], "results.md")
+    titles = re.findall(r"^### (.*) \(\d{4}-\d\d-\d\d, `bash bench/gpu_check.sh (\S+)`\)$",
+                        results, re.M)  # fmt: skip
+    assert [stage for _, stage in titles] == ["1", "2", "3", "recipe"]
+    assert "torch 2." in results and "commit " in results  # the machine and the code
+    for preset in ("recipe", "base", "big"):  # bench_train: ours and its peer at each size
+        assert re.search(rf"^\| {preset} \| ours \| [\d,]+ \| [\d.]+ / [\d.]+ / [\d.]+ \|",
+                         results, re.M)  # fmt: skip
+        assert re.search(rf"^\| {preset} \| torch\.nn\.Transformer \| .* \| [\d.]+x \|$",
+                         results, re.M)  # fmt: skip
+    assert re.search(r"^\| recipe-compiled \| ours, compiled \| .* \| [\d.]+x \|$", results, re.M)
+    assert re.search(r"^\| recipe \| `-` \| 6 \| [\d.]+ \| [\d.]+ \| - \|", results, re.M)
+    assert re.search(r"^Training steps' share of the recipe's fit loop .*: \d+%$", results, re.M)
+    assert "| attention maps: the training thread |" in results
+    assert "| ours, cached |" in results and "| test_2016_flickr |" in results
 
 
 def test_env_file_names_the_machine(dry) -> None:
     env = read(dry[1], "env.txt")
     for key in ("python", "torch", "torch_cuda", "cuda_available", "bf16_supported", "lightning",
-                "hydra", "datasets", "wandb", "sentencepiece", "sacrebleu"):  # fmt: skip
+                "hydra", "datasets", "wandb", "sentencepiece", "sacrebleu",
+                "flash_attention_impl"):  # fmt: skip
         assert re.search(rf"^{key}=\S", env, re.M), key
     assert "NOT IMPORTABLE" not in env.split("\ntriton=")[0]  # torch and lightning import
     assert re.search(r"^sdpa_bf16_masked=ok", env, re.M)
@@ -80,21 +110,45 @@ def test_tests_are_collected_and_recorded(dry) -> None:
     assert suites.tag == "testsuites" and {s.get("name") for s in suites} == {"cuda", "units"}
 
 
-def test_smoke_runs_train_and_log(dry) -> None:
-    log = read(dry[1], "smoke.log")
-    default, compiled = log.split("hydra.run.dir=")[1:]  # the default, then compile=true
-    assert "finished at step 4" in default and "global_step=4" in default
-    assert "attention_analyses=1" in default and "val_bleu_last=" in default  # validated
-    assert "compile=true" in compiled and "data.pad_to_multiple=8" in compiled
-    assert "finished at step 2" in compiled and "global_step=2" in compiled
-    assert len(re.findall(r"train_loss_first_last=\d+\.\d+ -> \d+\.\d+", log)) == 2
+def test_training_bench_keeps_every_step_of_every_size(dry) -> None:
+    bench = read(dry[1], "train_bench.txt")
+    commands = re.findall(r"^\$ .*bench_train\.py --preset (\w+) .*$", bench, re.M)
+    assert commands == ["recipe", "base", "big", "recipe", "base"]
+    assert len(re.findall(r"^\| ours \| [\d.]+M \| [\d,]+ \|", bench, re.M)) == 5
+    runs = json.loads(read(dry[1], "train_steps.json"))
+    assert list(runs) == ["recipe", "base", "big", "recipe-compiled", "base-compiled"]
+    for label, run in runs.items():
+        names = [r["name"] for r in run["systems"]]
+        if label.endswith("-compiled"):
+            assert names == ["ours", "ours, compiled"]
+        else:
+            assert names[:2] == ["ours", "ours, full logits"] and "torch.nn.Transformer" in names
+        phases = {s["phase"] for s in run["steps"]}
+        assert phases == {"warm", "timed"} and run["options"]["data"]  # Multi30k-named files
 
 
-def test_bench_file_holds_every_table(dry) -> None:
-    bench = read(dry[1], "bench.txt")
-    ours = re.findall(r"^\| ours \| [\d.]+M \| [\d,]+ \|", bench, re.M)
-    assert len(ours) == 4  # bench_train: two sizes (tiny here), eager and --compile
-    assert len(re.findall(r"^\$ .*bench_train\.py .*--compile", bench, re.M)) == 2
+def test_the_recipes_pace_is_measured_run_by_run(dry) -> None:
+    log = read(dry[1], "recipe_pace.log")
+    commands = re.findall(r"^\$ .*train\.py experiment=multi30k_en_de .*$", log, re.M)
+    assert len(commands) == 5 and all("SimpleProfiler" in c for c in commands)
+    for change in ("trainer.enable_progress_bar=false", "validation.max_tokens=4096",
+                   "compile=true", "trainer.limit_val_batches=0"):  # fmt: skip
+        assert sum(change in c for c in commands) == 1, change
+    runs = json.loads(read(dry[1], "recipe_pace.json"))["runs"]
+    assert [r["variant"] for r in runs] == ["recipe", "no validation"]  # the dry run trains two
+    for r in runs:
+        assert r["updates"] == 6 and r["fit_loop_s"] > 0 and r["updates_per_s"] > 0
+    assert runs[0]["attention_analyses"] == 1 and runs[1]["attention_analyses"] == 0
+    assert runs[0]["profile_s"]["attention_maps"] > 0
+    validation = read(dry[1], "validation.txt")
+    for part in ("validation loss, 256-token batches", "greedy decoding of 16 sentences, 2048",
+                 "BLEU, BLEU -lc and chrF", "attention maps: the training thread",
+                 "attention maps: the worker process"):  # fmt: skip
+        assert re.search(rf"^\| {re.escape(part)}.* \| \d+\.\d\d \|$", validation, re.M), part
+
+
+def test_decoding_file_holds_every_table(dry) -> None:
+    bench = read(dry[1], "decode.txt")
     cached = re.findall(r"^\| ours, cached \| [\d.]+ \| [\d.]+ \|$", bench, re.M)
     assert len(cached) == 2  # bench_decode: reference and equal lengths
     assert "lengths=reference" in bench and "lengths=equal" in bench and "dtype=bfloat16" in bench
@@ -124,6 +178,31 @@ def test_recipe_trains_resumes_and_evaluates(dry) -> None:
         assert all(isinstance(e[k], float) for k in ("bleu", "bleu_lc", "chrf"))
         assert e["checkpoints_averaged"] == 2 and e["beam_size"] == 5
         assert e["eval_wall_seconds"] > 0
+
+
+class Planted:
+    """Unpickling it writes a file: what a checkpoint with pickled code could do on load."""
+
+    def __init__(self, marker: Path) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.write_text, (self.marker, "ran"))
+
+
+def test_run_info_loads_checkpoints_safely(tmp_path) -> None:
+    """gpu_check.py reads last.ckpt as the project does (weights_only: tensors and plain values):
+    a checkpoint carrying pickled code is refused, and the code never runs."""
+    marker = tmp_path / "ran.txt"
+    (tmp_path / "checkpoints").mkdir()
+    ckpt = {"state_dict": {}, "hyper_parameters": {"model": {}}, "planted": Planted(marker)}
+    torch.save(ckpt, tmp_path / "checkpoints" / "last.ckpt")
+    done = subprocess.run(
+        [sys.executable, str(REPO / "bench" / "gpu_check.py"), "run-info", str(tmp_path)],
+        capture_output=True, text=True, cwd=REPO,
+    )  # fmt: skip
+    assert not marker.exists()
+    assert done.returncode != 0 and "cannot be read" in done.stderr
 
 
 def test_run_info_reads_the_precision_lightning_chose(tmp_path) -> None:

@@ -1,21 +1,29 @@
 """The Lightning module: compiled training equals eager, compiles once per shape bucket, its
-checkpoints load uncompiled, and bad validation decoding options are named."""
+checkpoints load uncompiled, bad validation decoding options are named, and training waits for
+the device only where it logs."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import traceback
+import weakref
+from pathlib import Path
 
 import lightning as L
 import numpy as np
 import pytest
 import torch
+from lightning.pytorch.callbacks import Callback, WeightAveraging
 from torch._dynamo.testing import CompileCounterWithBackend
+from torch.utils import _pytree as pytree
+from torch.utils._python_dispatch import TorchDispatchMode
 
-from tests.tiny import padded_batch, tiny_model_config
+from tests.tiny import compose_cfg, padded_batch, tiny_model_config, tiny_overrides
 from transformer.checkpoints import model_from_checkpoint
 from transformer.data.collate import Buckets, Collator
 from transformer.lit_module import TranslationModule, compile_options
+from transformer.training import train
 
 
 @pytest.mark.parametrize(
@@ -145,3 +153,100 @@ def test_compile_options_make_bucketed_steps_static_and_cuda_graphs_on_cuda():
     assert compile_options("inductor", 4, "cpu") == static  # no CUDA graphs off CUDA
     assert compile_options("inductor", 4, "cuda") == {**static, "mode": "reduce-overhead"}
     assert compile_options("aot_eager", 4, "cuda") == {"backend": "aot_eager", "dynamic": False}
+
+
+# Device syncs: a GPU waits for its queue whenever the host reads a value computed there.
+
+
+class DeviceReads(TorchDispatchMode):
+    """Counts, per training step, the host's reads of values a GPU would hold (``item``,
+    ``bool``, ``nonzero``, ``tolist``, ``numpy``, ``cpu``: on a GPU each waits for the device),
+    on CPU: a tensor is "on the device" when it derives from the model's parameters or a batch
+    (:meth:`seed`), followed through every op; reads of host values (the optimizer's step
+    counts on CPU, the collator's counts, ``host_scalar``) are free on a GPU and not counted."""
+
+    READS = ("_local_scalar_dense", "is_nonzero", "nonzero", "equal")
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.step: int | None = None
+        self.reads: dict[int, list[str]] = {}
+        self._device: dict[int, weakref.ref] = {}
+
+    def seed(self, tensors) -> None:
+        for t in tensors:
+            if isinstance(t, torch.Tensor) and not self.on_device(t):
+                key = id(t)
+                self._device[key] = weakref.ref(t, lambda _, key=key: self._device.pop(key, None))
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        ref = self._device.get(id(t))
+        return ref is not None and ref() is t
+
+    def read(self, what: str) -> None:
+        if self.step is not None:
+            frames = [f for f in traceback.extract_stack() if "/torch/" not in f.filename]
+            where = " < ".join(f"{Path(f.filename).name}:{f.lineno}" for f in frames[-3:-1])
+            self.reads.setdefault(self.step, []).append(f"{what} at {where}")
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        inputs = [t for t in pytree.tree_leaves((args, kwargs)) if isinstance(t, torch.Tensor)]
+        from_device = any(self.on_device(t) for t in inputs)
+        if from_device and func.overloadpacket.__name__ in self.READS:
+            self.read(func.overloadpacket.__name__)
+        out = func(*args, **(kwargs or {}))
+        if from_device:
+            self.seed(pytree.tree_leaves(out))
+        return out
+
+    def watch_host_copies(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        """``tolist``, ``numpy`` and ``cpu`` of a CPU tensor dispatch no op: wrap them."""
+        for name in ("tolist", "numpy", "cpu"):
+            method = getattr(torch.Tensor, name)
+
+            def wrapper(t, *args, _method=method, _name=name, **kwargs):
+                if self.on_device(t):
+                    self.read(_name)
+                return _method(t, *args, **kwargs)
+
+            monkeypatch.setattr(torch.Tensor, name, wrapper)
+
+
+class MarkSteps(Callback):
+    """Tells :class:`DeviceReads` the step and what is on the device: parameters, batches."""
+
+    spy: DeviceReads
+
+    def on_fit_start(self, trainer, pl_module) -> None:
+        self.spy.seed(pl_module.parameters())
+        for callback in trainer.callbacks:  # the moving average of the weights, with its count
+            if isinstance(callback, WeightAveraging):
+                average = callback._average_model
+                self.spy.seed([*average.parameters(), *average.buffers()])
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self.spy.step = trainer.global_step
+        self.spy.seed(vars(batch).values())
+
+
+@pytest.mark.parametrize("ema", [[], ["ema.decay=0.99"]], ids=["default", "ema"])
+def test_training_reads_the_device_only_at_logging_steps(ema, corpus, tmp_path, monkeypatch):
+    """With the GPU's defaults (fused AdamW, clipping, the progress bar on), and with the moving
+    average of the weights, no training step waits for the device but those that log (every
+    ``trainer.log_every_n_steps``: the loggers read the values there) and the first: no
+    ``.item()`` a step for the progress bar, the NaN/inf flags, the average's count, or anything
+    else."""
+    spy = DeviceReads()
+    spy.watch_host_copies(monkeypatch)
+    monkeypatch.setattr(MarkSteps, "spy", spy, raising=False)
+    overrides = [
+        *tiny_overrides(corpus), "model.num_encoder_layers=1", "model.num_decoder_layers=1",
+        "data.max_tokens=256", "trainer.enable_progress_bar=true", "trainer.max_steps=8",
+        "trainer.log_every_n_steps=4", "trainer.limit_val_batches=0", "trainer.gradient_clip_val=1",
+        "optim.optimizer.fused=true", f"+callbacks.mark._target_={__name__}.MarkSteps", *ema,
+    ]  # fmt: skip
+    with spy:
+        train(compose_cfg(overrides, tmp_path))
+    # Lightning logs after steps 4 and 8; the bar shows the first step's loss too
+    assert spy.reads.keys() <= {0, 3, 7}, spy.reads
+    assert spy.reads.get(3)  # the loggers' reads are seen

@@ -32,7 +32,7 @@ from transformer.data.tokenizer import SPM_TRAIN_SENTENCES
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
-from transformer.training import train
+from transformer.training import build_datamodule, train, validation_tokens
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
@@ -195,6 +195,8 @@ def test_misspelt_option_is_named():
             "trainer.max_time='54min' is not a duration; write DD:HH:MM:SS",
         ),
         ("+trainer.max_time=00:00:00:00", "trainer.max_time='00:00:00:00': training would end"),
+        ("validation.max_tokens=64", r"validation\.max_tokens=64 needs .* max_len=128 pieces"),
+        ("validation.max_tokens=big", "validation.max_tokens must be a whole number or null"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):
@@ -216,6 +218,28 @@ def test_max_time_alone_ends_training(max_epochs, max_time):
     validate_config(compose_cfg([*no_limit, f"+trainer.max_time={max_time}"]))
     with pytest.raises(ConfigError, match="training would not end"):
         validate_config(compose_cfg(no_limit))
+
+
+def test_validation_batches_take_their_own_token_budget(corpus, monkeypatch):
+    """validation.max_tokens sizes the validation batches (their loss and the sentences decoded at
+    once); null: the training budget on CPU, at least 32768 tokens on a GPU."""
+
+    def val_batches(*overrides: str) -> list:
+        cfg = compose_cfg([*tiny_overrides(corpus), "data.max_len=30", "data.max_tokens=64",
+                           *overrides])  # fmt: skip
+        dm = build_datamodule(cfg)
+        dm.setup("fit")
+        assert all(b.src.numel() <= 64 for b in dm.train_dataloader())
+        return list(dm.val_dataloader())
+
+    small, large = val_batches(), val_batches("validation.max_tokens=2048")
+    assert len(small) > 4 and all(max(b.src.numel(), b.labels.numel()) <= 64 for b in small)
+    assert len(large) == 1 and len(large[0]) == sum(len(b) for b in small) == 32
+    cfg = compose_cfg([])  # trainer.accelerator=auto
+    assert validation_tokens(cfg) is None  # the data module's max_tokens
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert validation_tokens(cfg) == 32768
+    assert validation_tokens(compose_cfg(["data.max_tokens=50000"])) == 50000
 
 
 # -- training ----------------------------------------------------------------------------------

@@ -6,16 +6,24 @@ import logging
 import os
 import signal
 import threading
+from itertools import chain
 from pathlib import Path
 from types import FrameType
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.callbacks import Checkpoint, ModelCheckpoint, WeightAveraging
+import torch
+from lightning.pytorch.callbacks import (
+    Checkpoint,
+    ModelCheckpoint,
+    TQDMProgressBar,
+    WeightAveraging,
+)
+from torch import Tensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from transformer.errors import Interrupted
-from transformer.lit_module import TranslationModule
+from transformer.lit_module import TranslationModule, logs_after
 from transformer.nonfinite import NonFiniteSteps
 
 log = logging.getLogger(__name__)
@@ -168,15 +176,80 @@ class WeightEMA(WeightAveraging):
     as ``current_model_state``, and resuming restores both. Weights-only checkpoints (the epoch
     checkpoints) hold the trained weights.
 
-    Two changes from Lightning's ``EMAWeightAveraging``: the update is one foreach operation over
-    all weights (torch's ``get_ema_multi_avg_fn``) instead of three operations per tensor; and
+    Three changes from Lightning's ``EMAWeightAveraging``: the update is one foreach operation
+    over all weights (torch's ``get_ema_multi_avg_fn``) instead of three operations per tensor;
+    it does not wait for the device (``AveragedModel.update_parameters`` reads its update count,
+    a device tensor, twice a step: here the count is read once a fit and kept on the host); and
     Lightning copies the average into the model when training ends, before
     :class:`LastCheckpoint` writes its final checkpoint, which would then resume from the average
     instead of the trained weights; here the model keeps them.
     """
 
     def __init__(self, decay: float) -> None:
-        super().__init__(multi_avg_fn=get_ema_multi_avg_fn(decay))
+        self._ema = get_ema_multi_avg_fn(decay)
+        super().__init__(multi_avg_fn=self._ema)
+        self._updates: int | None = None  # the average's update count, on the host
+
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        self._updates = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.global_step <= self._latest_update_step:
+            return
+        average = self._average_model
+        if self._updates is None:  # once a fit, after a resumed run's average is loaded
+            self._updates = int(average.n_averaged)
+        groups: dict[tuple, tuple[list[Tensor], list[Tensor]]] = {}
+        pairs = zip(
+            chain(average.module.parameters(), average.module.buffers()),
+            chain(pl_module.parameters(), pl_module.buffers()),
+            strict=True,
+        )
+        for mine, theirs in pairs:  # by dtype: the foreach update takes one at a time
+            group = groups.setdefault((mine.device, mine.dtype), ([], []))
+            group[0].append(mine.detach())
+            group[1].append(theirs.detach())
+        for mine, theirs in groups.values():
+            if self._updates == 0:
+                torch._foreach_copy_(mine, theirs)
+            else:
+                self._ema(mine, theirs, average.n_averaged)
+        average.n_averaged += 1
+        self._updates += 1
+        self._latest_update_step = trainer.global_step
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         pass
+
+
+class TrainingProgressBar(TQDMProgressBar):
+    """Lightning's TQDM bar, with ``train/loss`` as last logged.
+
+    Lightning turns every value logged with ``prog_bar=True`` into a number after every batch,
+    whatever the bar's refresh rate: for the loss, a device tensor, that is a device sync a step,
+    the GPU idle while the host waits. So the training module logs its loss without
+    ``prog_bar``, and this bar reads the step's loss only after the first step and at logging
+    steps (every ``trainer.log_every_n_steps``), where the loggers read it anyway.
+    """
+
+    def __init__(self, refresh_rate: int = 1, process_position: int = 0, leave: bool = False):
+        super().__init__(refresh_rate, process_position, leave)
+        self._loss: float | None = None
+        self._loss_step = -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step  # optimizer steps made, this batch's included
+        if step != self._loss_step and (
+            step == 1 or logs_after(step - 1, trainer.log_every_n_steps)
+        ):
+            loss = outputs.get("loss") if isinstance(outputs, dict) else None
+            if loss is not None:
+                self._loss, self._loss_step = float(loss), step
+        super().on_train_batch_end(trainer, pl_module, outputs, batch, batch_idx)
+
+    def get_metrics(self, trainer: L.Trainer, pl_module: L.LightningModule) -> dict[str, Any]:
+        items = super().get_metrics(trainer, pl_module)
+        if self._loss is not None:
+            items["train/loss"] = self._loss
+        return items

@@ -110,6 +110,9 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     n = cfg.validation.bleu_sentences
     if n is not None and int(n) < 0:
         raise ConfigError(f"validation.bleu_sentences must be >= 0 or null, got {n}")
+    budget = cfg.validation.get("max_tokens")
+    if budget is not None and (isinstance(budget, bool) or not isinstance(budget, int)):
+        raise ConfigError(f"validation.max_tokens must be a whole number or null, got {budget!r}")
     monitored = [
         f"callbacks.{name}.monitor={c.monitor}"
         for name, c in (cfg.get("callbacks") or {}).items()

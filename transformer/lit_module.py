@@ -116,6 +116,12 @@ def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
     return eps
 
 
+def logs_after(step: int, log_every_n_steps: int) -> bool:
+    """Whether Lightning's loggers read the values logged by optimizer step ``step`` (0-based):
+    those of every ``log_every_n_steps``-th step. A device value read then costs no extra sync."""
+    return log_every_n_steps > 0 and (step + 1) % log_every_n_steps == 0
+
+
 class TranslationModule(L.LightningModule):
     """A :class:`Transformer` trained on :class:`transformer.data.collate.Batch` batches.
 
@@ -253,7 +259,9 @@ class TranslationModule(L.LightningModule):
         self.nonfinite.flag(loss)
         now = time.perf_counter()
         bsz = len(batch.labels)
-        self.log("train/loss", loss, prog_bar=True, batch_size=bsz)
+        # Not prog_bar: Lightning turns progress-bar values into numbers after every batch, a
+        # device sync a step; the bar (TrainingProgressBar) reads the loss at logging steps.
+        self.log("train/loss", loss, batch_size=bsz)
         self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
         lr = host_scalar(self.optimizers().param_groups[0]["lr"])
         self.log("lr", lr, prog_bar=True, batch_size=bsz)
@@ -289,7 +297,7 @@ class TranslationModule(L.LightningModule):
         step = self.global_step
         self.nonfinite.skip_if_bad(
             optimizer, step, world_size=trainer.world_size, fp16=fp16,
-            log_step=step % trainer.log_every_n_steps == 0,
+            log_step=logs_after(step, trainer.log_every_n_steps),
         )  # fmt: skip
         self.log("train/skipped_steps", host_scalar(self.nonfinite.skipped))
 

@@ -40,7 +40,7 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     """Construct the data module (which checks its options and touches no data yet); an invalid
     data option becomes a ConfigError with the module's own message."""
     try:
-        return instantiate(cfg.data)
+        return instantiate(cfg.data, eval_max_tokens=validation_tokens(cfg))
     except InstantiationException as err:
         cause = err.__cause__ if err.__cause__ is not None else err
         raise ConfigError(f"invalid data option (data.*): {cause}") from err
@@ -50,6 +50,20 @@ def on_gpu(trainer_cfg: DictConfig) -> bool:
     """Whether the trainer will run on a CUDA GPU (``accelerator`` auto picks one if there is)."""
     accelerator = str(trainer_cfg.get("accelerator", "auto"))
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+
+
+GPU_VALIDATION_TOKENS = 32768  # validation.max_tokens=null on a GPU: the least budget
+
+
+def validation_tokens(cfg: DictConfig) -> int | None:
+    """The validation batches' token budget: ``validation.max_tokens``, or when null, on a GPU at
+    least ``GPU_VALIDATION_TOKENS`` (greedy decoding of small batches leaves it idle between
+    kernels: fewer, larger batches), elsewhere ``data.max_tokens``."""
+    given = (cfg.get("validation") or {}).get("max_tokens")
+    budget = cfg.data.get("max_tokens")
+    if given is not None or budget is None or not on_gpu(cfg.trainer):
+        return given
+    return max(int(budget), GPU_VALIDATION_TOKENS)
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -16,16 +16,16 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import WandbLogger
 
 from transformer.analysis import explorer
+from transformer.analysis.figures import Drawing, Drawn, FigureWorker
 from transformer.analysis.maps import capture_probes, translate_probes
 from transformer.analysis.report import (
     SAMPLE_COLUMNS,
-    Images,
-    render_maps,
+    map_figures,
     stat_scalars,
     write_samples,
     write_stats,
 )
-from transformer.analysis.trends import TREND_COLUMNS, trend_charts, trend_rows
+from transformer.analysis.trends import TREND_COLUMNS, trend_charts
 from transformer.data.collate import encode_sources, encode_targets
 from transformer.lit_module import TranslationModule
 from transformer.model import ATTENTION_TYPES
@@ -87,6 +87,9 @@ class AttentionMapsCallback(Callback):
         self.max_pieces, self.head_scalars = max_pieces, head_scalars
         self._validations = 0
         self._val_texts: tuple[list[str], list[str]] | None = None
+        self._worker = FigureWorker()
+        self.drawn: list[int] = []  # steps whose figures were drawn
+        self.failures = 0  # map validations whose figures failed
 
     def _texts(self, trainer: L.Trainer, count: int) -> tuple[list[str], list[str]]:
         if self._val_texts is None or len(self._val_texts[0]) < count:
@@ -101,6 +104,7 @@ class AttentionMapsCallback(Callback):
     def on_validation_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if trainer.sanity_checking or not trainer.is_global_zero:
             return
+        self._report(trainer, self._worker.finished())
         if "fsdp" in type(trainer.strategy).__name__.lower():  # rank 0 alone holds a shard only
             if self._validations == 0:
                 log.warning("attention maps are off under FSDP (weights are sharded)")
@@ -112,7 +116,19 @@ class AttentionMapsCallback(Callback):
         with torch.no_grad():
             self._analyse(trainer, pl_module)
 
+    def on_fit_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        """The last figures drawn and logged before the loggers close."""
+        self._report(trainer, self._worker.close())
+
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception) -> None:
+        self._worker.close(wait=False)
+
+    def teardown(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        self._worker.close(wait=False)
+
     def _analyse(self, trainer: L.Trainer, pl_module: TranslationModule) -> None:
+        """The data, on the training thread (probes translated and their maps captured, head
+        statistics, the explorer's record, samples); the figures go to the worker process."""
         dm, model, step = trainer.datamodule, pl_module.model, trainer.global_step
         # (a multilingual model reads the first direction's target token first)
         src_tok, tgt_tok = dm.src_tokenizer.with_prefix(dm.source_prefix()), dm.tgt_tokenizer
@@ -130,59 +146,78 @@ class AttentionMapsCallback(Callback):
             probes = translate_probes(
                 model, src_tok, tgt_tok, sources, references, pl_module.decoding
             )
-        images: Images = {}
+        job = Drawing(step, out, self.out_dir)
         if probes is not None and self.num_probes > 0 and self.types:
             first = probes.first(self.num_probes)
             captured = capture_probes(model, first)
-            images |= render_maps(captured, src_tok, tgt_tok, out, self.types, self.max_pieces)
+            job.maps = map_figures(captured, src_tok, tgt_tok, out, self.types, self.max_pieces)
         stats: dict[str, dict[str, torch.Tensor]] = {}
         if self.stats_sentences > 0 and self.types:
             limit = model.cfg.max_positions
             src_ids = encode_sources(src_tok, val_src[: self.stats_sentences], limit)
             ref_ids = encode_targets(tgt_tok, val_ref[: self.stats_sentences], limit)
-            stats, stat_images = write_stats(model, src_ids, ref_ids, out, self.types)
-            images |= stat_images
-        records, page = [], None
+            stats, _ = write_stats(model, src_ids, ref_ids, out, self.types, draw=False)
+            job.stats, job.stats_sentences = stats, len(src_ids)
         if captured or stats:
             record = explorer.validation_record(
                 step, first, captured, stats, src_tok, tgt_tok, self.types, self.max_pieces
             )
             explorer.save_record(record, out)
-            records = explorer.load_records(self.out_dir)
-            page = explorer.write_page(records, self.out_dir / "explorer.html")
+            job.page = True
         rows = []
         if probes is not None and self.num_samples > 0:
             rows = write_samples(probes, out, self.num_samples)
-        self._log(trainer, images, stats, records, rows, page, step)
-        log.info("attention analysis of step %d written to %s", step, out)
+        self._log_data(trainer, stats, rows, step)
+        replaced = self._worker.submit(job)
+        if replaced is not None:
+            log.warning(
+                "attention figures of step %d not drawn: the worker was still drawing an earlier "
+                "step (the maps are in %s/explorer.json and on the explorer page)",
+                replaced.step, replaced.step_dir,
+            )  # fmt: skip
+        log.info("attention analysis of step %d written to %s (figures: being drawn)", step, out)
 
-    def _log(
+    def _log_data(
         self,
         trainer: L.Trainer,
-        images: Images,
         stats: dict[str, dict[str, torch.Tensor]],
-        records: list[dict],
         rows: list[list[str | float]],
-        page: Path | None,
         step: int,
     ) -> None:
+        """What the training thread has at once: the head scalars, the samples table."""
         scalars = stat_scalars(stats) if self.head_scalars else {}
-        trends = trend_rows(records) if stats else []
         for logger in trainer.loggers:
             if scalars:
                 logger.log_metrics(scalars, step=step)
-            if not isinstance(logger, WandbLogger):
-                continue  # other loggers have the PNGs, tables and page in the run directory
-            for key, shots in images.items():
-                paths, captions = zip(*shots, strict=True)
-                logger.log_image(key=key, images=[str(p) for p in paths], step=step,
-                                 caption=list(captions))  # fmt: skip
-            if rows:
+            if rows and isinstance(logger, WandbLogger):
                 logger.log_table(key="samples", columns=SAMPLE_COLUMNS, data=rows, step=step)
-            if trends:
-                logger.log_table(key="attn_stats/table", columns=TREND_COLUMNS, data=trends,
-                                 step=step)  # fmt: skip
-                logger.log_metrics(trend_charts(trends), step=step)
-            if page is not None:  # inject=False: no stylesheet from the network
-                html = wandb.Html(str(page), inject=False)
-                logger.log_metrics({"attn/explorer": html}, step=step)
+
+    def _report(
+        self, trainer: L.Trainer, done: list[tuple[Drawing, Drawn | BaseException]]
+    ) -> None:
+        """Log the figures drawn (images, trend charts, the explorer page) at their step, to
+        wandb (the other loggers have the files in the run directory); report failures."""
+        for job, drawn in done:
+            if isinstance(drawn, BaseException):
+                log.error(
+                    "attention figures of step %d failed in the worker process: %s: %s (the "
+                    "maps and statistics are in %s)",
+                    job.step, type(drawn).__name__, drawn, job.step_dir,
+                )  # fmt: skip
+                self.failures += 1
+                continue
+            self.drawn.append(job.step)
+            for logger in trainer.loggers:
+                if not isinstance(logger, WandbLogger):
+                    continue
+                for key, shots in drawn.images.items():
+                    paths, captions = zip(*shots, strict=True)
+                    logger.log_image(key=key, images=[str(p) for p in paths], step=job.step,
+                                     caption=list(captions))  # fmt: skip
+                if drawn.trends:
+                    logger.log_table(key="attn_stats/table", columns=TREND_COLUMNS,
+                                     data=drawn.trends, step=job.step)  # fmt: skip
+                    logger.log_metrics(trend_charts(drawn.trends), step=job.step)
+                if drawn.page is not None:  # inject=False: no stylesheet from the network
+                    html = wandb.Html(str(drawn.page), inject=False)
+                    logger.log_metrics({"attn/explorer": html}, step=job.step)

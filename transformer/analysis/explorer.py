@@ -23,6 +23,7 @@ from torch import Tensor
 
 from transformer.analysis.maps import Probes, SentenceMaps
 from transformer.analysis.roles import head_roles
+from transformer.atomic import atomic_write
 from transformer.data.tokenizer import Tokenizer, word_index
 
 LEVELS = 100  # weights are stored rounded to 0.01, one byte each
@@ -87,9 +88,10 @@ def validation_record(
 
 
 def save_record(record: dict, step_dir: Path) -> Path:
-    step_dir.mkdir(parents=True, exist_ok=True)
+    """Written whole or not at all: the figure worker may read the records meanwhile."""
     path = step_dir / RECORD
-    path.write_text(json.dumps(record, separators=(",", ":")), encoding="utf-8")
+    data = json.dumps(record, separators=(",", ":")).encode("utf-8")
+    atomic_write(path, lambda f: f.write(data))
     return path
 
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import sacrebleu
@@ -21,6 +22,66 @@ from transformer.model import Transformer
 Images = dict[str, list[tuple[Path, str]]]  # logger key -> (PNG path, caption) per probe
 
 
+@dataclass
+class MapFigure:
+    """What one head-grid PNG shows: a layer's heads of one attention type for one probe and
+    target, cut to ``max_pieces`` on each axis; plain data, drawn by :func:`draw_maps` (in
+    another process during training)."""
+
+    path: Path
+    key: str  # logger key: attn/<type>/layer<l>
+    caption: str
+    title: str
+    weights: Tensor  # (H, q, k)
+    query_pieces: list[str]
+    key_pieces: list[str]
+
+
+def map_figures(
+    captured: dict[str, list[SentenceMaps]],
+    src_tok: Tokenizer,
+    tgt_tok: Tokenizer,
+    out_dir: Path,
+    types: Sequence[str],
+    max_pieces: int = 40,
+) -> list[MapFigure]:
+    """One figure per (attention type, layer, probe, target) of the probes' maps (from
+    :func:`~transformer.analysis.maps.capture_probes`), to be written as ``<out_dir>/<type>/
+    layer<l>/probe<i>_<reference|hypothesis>.png``. Longer sentences are cut to their first
+    ``max_pieces`` pieces on each axis."""
+    figures = []
+    for variant, sentences in captured.items():
+        for i, sentence in enumerate(sentences):
+            for kind in types:
+                q_ids, k_ids = (ids[:max_pieces] for ids in sentence.axes(kind))
+                q_side = src_tok if kind == "encoder_self" else tgt_tok
+                k_side = tgt_tok if kind == "decoder_self" else src_tok
+                weights = sentence.weights[kind][:, :, : len(q_ids), : len(k_ids)]  # (L, H, q, k)
+                q_pieces, k_pieces = q_side.pieces(q_ids), k_side.pieces(k_ids)
+                for layer in range(weights.size(0)):
+                    figures.append(
+                        MapFigure(
+                            out_dir / kind / f"layer{layer}" / f"probe{i}_{variant}.png",
+                            f"attn/{kind}/layer{layer}",
+                            f"probe {i} ({variant})",
+                            f"{kind} attention, layer {layer}: probe {i}, on the {variant}",
+                            weights[layer].clone(),
+                            q_pieces,
+                            k_pieces,
+                        )  # fmt: skip
+                    )
+    return figures
+
+
+def draw_maps(figures: Sequence[MapFigure]) -> Images:
+    """Write each figure's PNG (the heads of its layer in a grid)."""
+    images: Images = {}
+    for f in figures:
+        fig = plots.head_grid(f.weights, f.query_pieces, f.key_pieces, f.title)
+        images.setdefault(f.key, []).append((plots.save(fig, f.path), f.caption))
+    return images
+
+
 def render_maps(
     captured: dict[str, list[SentenceMaps]],
     src_tok: Tokenizer,
@@ -29,49 +90,34 @@ def render_maps(
     types: Sequence[str],
     max_pieces: int = 40,
 ) -> Images:
-    """One PNG per (attention type, layer, probe, target) of the probes' maps (from
-    :func:`~transformer.analysis.maps.capture_probes`): ``<out_dir>/<type>/layer<l>/
-    probe<i>_<reference|hypothesis>.png``, the heads of that layer in a grid. Longer sentences
-    are cut to their first ``max_pieces`` pieces on each axis."""
-    images: Images = {}
-    for variant, sentences in captured.items():
-        for i, sentence in enumerate(sentences):
-            for kind in types:
-                q_ids, k_ids = (ids[:max_pieces] for ids in sentence.axes(kind))
-                q_side = src_tok if kind == "encoder_self" else tgt_tok
-                k_side = tgt_tok if kind == "decoder_self" else src_tok
-                weights = sentence.weights[kind][:, :, : len(q_ids), : len(k_ids)]  # (L, H, q, k)
-                for layer in range(weights.size(0)):
-                    title = f"{kind} attention, layer {layer}: probe {i}, on the {variant}"
-                    fig = plots.head_grid(
-                        weights[layer], q_side.pieces(q_ids), k_side.pieces(k_ids), title
-                    )
-                    path = plots.save(
-                        fig, out_dir / kind / f"layer{layer}" / f"probe{i}_{variant}.png"
-                    )
-                    images.setdefault(f"attn/{kind}/layer{layer}", []).append(
-                        (path, f"probe {i} ({variant})")
-                    )
-    return images
+    """:func:`map_figures`, drawn at once."""
+    return draw_maps(map_figures(captured, src_tok, tgt_tok, out_dir, types, max_pieces))
 
 
 def write_stats(
     model: Transformer, src_ids: list[list[int]], ref_ids: list[list[int]], out_dir: Path,
-    types: Sequence[str],
+    types: Sequence[str], draw: bool = True,
 ) -> tuple[dict[str, dict[str, Tensor]], Images]:  # fmt: skip
-    """Head statistics teacher-forced on the references: ``stats.json`` and one layer x head
-    heatmap per attention type (``stats_<type>.png``). Returns {type: {stat: (L, H)}}, images."""
+    """Head statistics teacher-forced on the references: ``stats.json``, the heads' roles and,
+    if ``draw``, one layer x head heatmap per attention type (:func:`draw_stats`). Returns
+    {type: {stat: (L, H)}}, images."""
     sentences = capture_in_batches(model, src_ids, ref_ids)
     stats = {kind: head_stats(sentences, kind) for kind in types}
-    images: Images = {}
-    for kind, values in stats.items():
-        title = f"{kind} attention heads over {len(sentences)} sentences"
-        path = plots.save(plots.layer_head_heatmaps(values, title), out_dir / f"stats_{kind}.png")
-        images[f"attn_stats/{kind}"] = [(path, title)]
+    out_dir.mkdir(parents=True, exist_ok=True)
     as_lists = {k: {s: v.tolist() for s, v in values.items()} for k, values in stats.items()}
     (out_dir / "stats.json").write_text(json.dumps(as_lists, indent=1) + "\n", encoding="utf-8")
     write_roles(stats, out_dir)
-    return stats, images
+    return stats, draw_stats(stats, len(sentences), out_dir) if draw else {}
+
+
+def draw_stats(stats: dict[str, dict[str, Tensor]], num_sentences: int, out_dir: Path) -> Images:
+    """One layer x head heatmap of the statistics per attention type: ``stats_<type>.png``."""
+    images: Images = {}
+    for kind, values in stats.items():
+        title = f"{kind} attention heads over {num_sentences} sentences"
+        path = plots.save(plots.layer_head_heatmaps(values, title), out_dir / f"stats_{kind}.png")
+        images[f"attn_stats/{kind}"] = [(path, title)]
+    return images
 
 
 def write_roles(stats: dict[str, dict[str, Tensor]], out_dir: Path) -> dict[str, list[list[str]]]:

@@ -102,6 +102,10 @@ class TranslationDataModule(L.LightningDataModule):
     corpus's splits are cached apart, training samples them by their weights, and validation and
     test run per direction (:attr:`directions`; the stage aliases ``val``/``test`` then take a
     ``direction``, the first by default).
+
+    ``eval_max_tokens`` (training's ``validation.max_tokens``) is the token budget of validation
+    and test batches, ``max_tokens`` when None: larger ones keep a GPU busy while validation
+    decodes.
     """
 
     def __init__(
@@ -115,6 +119,7 @@ class TranslationDataModule(L.LightningDataModule):
         joint_vocab: bool = True,
         spm_train_sentences: int = SPM_TRAIN_SENTENCES,
         max_tokens: int | None = 4096,
+        eval_max_tokens: int | None = None,
         batch_size: int | None = 64,
         max_len: int = 128,
         pad_to_multiple: int = 1,
@@ -147,6 +152,12 @@ class TranslationDataModule(L.LightningDataModule):
             raise ValueError(
                 f"num_buckets must be a count >= 0 (0: no shape buckets), got {num_buckets!r}"
             )
+        if eval_max_tokens is not None and (max_tokens is None or eval_max_tokens < max_len + 1):
+            raise ValueError(
+                f"validation.max_tokens={eval_max_tokens} needs token-budget batches "
+                f"(data.max_tokens) and room for one sentence of max_len={max_len} pieces (+1); "
+                "raise it, or set it to null (data.max_tokens)"
+            )
         if corpora is not None:  # plain lists and dicts: checkpoints load no Hydra containers
             corpora = [dict(e) if isinstance(e, Mapping) else e for e in corpora]
         self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
@@ -157,6 +168,7 @@ class TranslationDataModule(L.LightningDataModule):
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.vocab_size, self.joint_vocab = vocab_size, joint_vocab
         self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
+        self.eval_max_tokens = eval_max_tokens or max_tokens  # validation and test batches
         self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
         self.num_buckets = num_buckets
         self.cache_dir = Path(cache_dir)
@@ -385,13 +397,14 @@ class TranslationDataModule(L.LightningDataModule):
         self,
         data: TokenizedSplit | ConcatSplit,
         shuffle: bool,
+        max_tokens: int | None,
         weights: list[tuple[int, float]] | None = None,
         buckets: Buckets | None = None,
     ) -> TokenBudgetBatchSampler:
         sizes = padded_sizes(data.src_lens, data.tgt_lens)
         return TokenBudgetBatchSampler(
             *sizes,
-            max_tokens=self.max_tokens,
+            max_tokens=max_tokens,
             batch_size=self.batch_size,
             shuffle=shuffle,
             seed=self.seed,
@@ -448,7 +461,9 @@ class TranslationDataModule(L.LightningDataModule):
                 buckets,
             )
         train = self.split("train")
-        self._train_sampler = self._sampler(train, shuffle=True, weights=weights, buckets=buckets)
+        self._train_sampler = self._sampler(
+            train, shuffle=True, max_tokens=self.max_tokens, weights=weights, buckets=buckets
+        )
         if self._sampler_state is not None:
             self._train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
@@ -458,7 +473,8 @@ class TranslationDataModule(L.LightningDataModule):
         """One loader per direction (one direction: the loader itself), in :attr:`directions`'
         order."""
         splits = [self.split(name, d) for d in self.directions]
-        loaders = [self._loader(x, self._sampler(x, shuffle=False)) for x in splits]
+        budget = self.eval_max_tokens
+        loaders = [self._loader(x, self._sampler(x, False, budget)) for x in splits]
         return loaders[0] if len(loaders) == 1 else loaders
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
