@@ -154,7 +154,7 @@ class Decoder(nn.Module):
         """
         need_weights = self_weights is not None
         if cache is not None:
-            memory_pad_mask = cache.memory_pad_mask
+            memory_pad_mask = None  # the cross-attention caches carry the source padding's mask
         for i, layer in enumerate(self.layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None

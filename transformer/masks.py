@@ -13,6 +13,10 @@ Inside the attention module both are turned, here and nowhere else, into one boo
 ``allowed`` tensor broadcastable to ``(B, H, Tq, Tk)`` that is **True where attention is allowed**:
 the polarity of ``torch.nn.functional.scaled_dot_product_attention``'s boolean ``attn_mask``.
 A query row with no allowed key produces a zero output and zero weights, never NaN.
+
+Decoding builds its masks once (the source padding once per batch, the self-attention length mask
+once per step, for every layer) in the additive form SDPA adds to the scores: a float ``bias``
+that is 0 where attention is allowed and the dtype's lowest value where not.
 """
 
 from __future__ import annotations
@@ -53,3 +57,16 @@ def attention_allowed(
         c = causal_allowed(tq, tk, offset, device)  # (Tq, Tk)
         allowed = c if allowed is None else allowed & c
     return allowed
+
+
+def padding_bias(key_padding_mask: Tensor, dtype: torch.dtype) -> Tensor:
+    """(B, Tk) bool, True at padding -> (B, 1, 1, Tk) additive mask of ``dtype``."""
+    bias = torch.zeros(key_padding_mask.shape, dtype=dtype, device=key_padding_mask.device)
+    return bias.masked_fill_(key_padding_mask, torch.finfo(dtype).min)[:, None, None, :]
+
+
+def positions_bias(steps: int, dtype: torch.dtype, device: torch.device | None = None) -> Tensor:
+    """(T, T) additive mask of ``dtype`` whose row t lets a query at position t see keys 0..t:
+    a decoding step's length mask, where the cache holds T positions."""
+    bias = torch.zeros(steps, steps, dtype=dtype, device=device)
+    return bias.masked_fill_(~causal_allowed(steps, steps, device=device), torch.finfo(dtype).min)
