@@ -266,8 +266,13 @@ def main() -> None:
             systems["MarianMTModel.generate"] = hugging_face(cfg, device, dtype, beams)
         if not args.no_ct2 and ct2_installed:
             compute_type = args.ct2_compute_type or args.dtype
-            translate, compute_type = ctranslate2_system(model, tok, device, compute_type, beams)
-            systems[f"CTranslate2 ({compute_type})"] = translate
+            try:  # its wheel's CUDA build may not run on this machine's CUDA
+                translate, compute_type = ctranslate2_system(
+                    model, tok, device, compute_type, beams
+                )
+                systems[f"CTranslate2 ({compute_type})"] = translate
+            except (RuntimeError, ValueError) as error:
+                print(f"(CTranslate2 skipped: {error})")
         seconds = measure(systems, batches, device)
         results[search] = seconds
 

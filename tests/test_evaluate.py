@@ -174,7 +174,7 @@ def test_dtype_is_checked_before_any_work(tmp_path) -> None:
     missing = f"ckpt_path={tmp_path / 'none.ckpt'}"  # the option is refused first
     with pytest.raises(ValueError, match="dtype=float16 is for GPUs.*use dtype=bfloat16"):
         evaluate(eval_cfg([missing, "dtype=float16", "device=cpu"], tmp_path))
-    choices = re.escape("dtype=half is not one of float32 | bfloat16 | float16")
+    choices = re.escape("dtype=half is not one of auto | float32 | bfloat16 | float16")
     with pytest.raises(ValueError, match=choices):
         evaluate(eval_cfg([missing, "dtype=half"], tmp_path))
 

@@ -95,8 +95,8 @@ def test_bench_file_holds_every_table(dry) -> None:
     ours = re.findall(r"^\| ours \| [\d.]+M \| [\d,]+ \|", bench, re.M)
     assert len(ours) == 4  # bench_train: two sizes (tiny here), eager and --compile
     assert len(re.findall(r"^\$ .*bench_train\.py .*--compile", bench, re.M)) == 2
-    cached = re.findall(r"^\| ours, cached \| [\d.]+ \| [\d.]+ \|$", bench, re.M)
-    assert len(cached) == 2  # bench_decode: reference and equal lengths
+    cached = re.findall(r"^\| ours \| [\d.]+ \| [\d.]+ \| \d+ \| - \|$", bench, re.M)
+    assert len(cached) == 4  # bench_decode: reference and equal lengths, beam and greedy
     assert "lengths=reference" in bench and "lengths=equal" in bench and "dtype=bfloat16" in bench
     shapes = re.findall(r"^\| (train|decode): .*( \d+\.\d\d ms \|){3} \d+\.\d\dx \|$", bench, re.M)
     assert len(shapes) == 4  # bench_attention
