@@ -162,12 +162,14 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
     assert lines(tmp_path / "c" / "hypotheses.txt") == lines(tmp_path / "a" / "hypotheses.txt")
 
 
-def test_bfloat16_weights(trained, tmp_path) -> None:
+def test_bfloat16_weights_when_asked_float32_on_cpu_by_default(trained, tmp_path) -> None:
     ckpt, corpus = trained
-    run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "dtype=bfloat16"]
-    metrics = evaluate(eval_cfg(run, tmp_path))
+    run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "device=cpu"]
+    metrics = evaluate(eval_cfg([*run, "dtype=bfloat16"], tmp_path))
     assert metrics["dtype"] == "bfloat16"
+    assert metrics["backend"].startswith("decoding on cpu in bfloat16: oneDNN linear layers")
     assert len(lines(tmp_path / "hypotheses.txt")) == len(lines(corpus / "test.de"))
+    assert evaluate(eval_cfg(run, tmp_path / "auto"))["dtype"] == "float32"  # dtype=auto
 
 
 def test_dtype_is_checked_before_any_work(tmp_path) -> None:

@@ -123,7 +123,7 @@ def step_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> T
     float additive mask (``transformer.masks``)."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk, dtype = k.size(1), k.size(2), q.dtype
-    compute = torch.promote_types(dtype, torch.float32)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
     q = q.to(compute).reshape(B * Hkv, H // Hkv * Tq, Dh)  # a key/value head's query heads together
     k, v = k.to(compute).reshape(B * Hkv, Tk, Dh), v.to(compute).reshape(B * Hkv, Tk, Dh)
     scores = torch.bmm(q, k.transpose(1, 2)).mul_(1 / math.sqrt(Dh))  # (B * Hkv, H/Hkv * Tq, Tk)

@@ -31,6 +31,7 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.data.text_files import count_lines, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
+from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
@@ -67,6 +68,11 @@ def _dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
     return DTYPES[name]
+
+
+def decoding_backend(options: DecodeOptions, device: torch.device, dtype: torch.dtype) -> str:
+    """How our decoder runs on ``device`` (attention kernel, static shapes, CUDA graphs)."""
+    return backend(torch.empty(0, device=device), dtype, use_graphs(options, device))
 
 
 def _name(dtype: torch.dtype) -> str:
@@ -369,6 +375,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "engine": engine,
         "device": str(device),
         "dtype": translator.compute_type if engine == "ctranslate2" else _name(dtype),
+        "backend": "ctranslate2"
+        if engine == "ctranslate2"
+        else decoding_backend(options, device, dtype),
         "checkpoints": paths,
         "ensemble": cfg.ensemble,
     }

@@ -66,14 +66,14 @@ class KVCache:
         return 0 if self._buf is None else self._buf.size(2)
 
     def _reserve(self, t: int, like: Tensor) -> None:
-        """Room for ``t`` more steps of ``like`` (t, 2, B, Hkv, Dh)."""
+        """Room for ``t`` more steps of keys like ``like`` (t, B, Hkv, Dh)."""
         n = self.length
         if self._buf is not None and n + t <= self._buf.size(0):
             return
         if self.capacity is not None and n + t > self.capacity:
             raise ValueError(f"a cache of {self.capacity} steps cannot take {n + t}")
         capacity = self.capacity or (2 * (n + t) if n else max(t, 16))  # room to grow
-        buf = like.new_empty(capacity, *like.shape[1:])
+        buf = like.new_empty(capacity, 2, *like.shape[1:])
         if self._buf is not None:
             buf[:n] = self._buf[:n]
         self._buf, self._spare = buf, None
@@ -82,7 +82,7 @@ class KVCache:
         """Add the new steps' (B, Hkv, t, Dh) keys and values; return all cached so far."""
         n, t = self.length, k.size(2)
         k, v = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # (t, B, Hkv, Dh)
-        self._reserve(t, torch.stack([k, v], 1) if self._buf is None else self._buf)
+        self._reserve(t, k)
         self._buf[n : n + t, 0] = k
         self._buf[n : n + t, 1] = v
         self.length = n + t
@@ -96,7 +96,7 @@ class KVCache:
             self._buf.index_copy_(0, self.position, kv)
         else:
             n, t = self.length, kv.size(0)
-            self._reserve(t, kv)
+            self._reserve(t, kv[:, 0])
             self._buf[n : n + t] = kv
             self.length = n + t
         return self.k, self.v

@@ -155,7 +155,8 @@ def use_graphs(options: DecodeOptions, device: torch.device) -> bool:
 
 
 def backend(x: Tensor, dtype: torch.dtype, graphs: bool) -> str:
-    """How a cached step runs on ``x``'s device with weights of ``dtype`` (logged once)."""
+    """How a cached step runs on ``x``'s device with weights of ``dtype``: logged once (debug),
+    recorded in evaluate.py's metrics.json, printed by bench_decode."""
     name = f"decoding on {x.device.type} in {str(dtype).removeprefix('torch.')}"
     if kernels.cpu_kernels(x):
         return f"{name}: oneDNN linear layers, attention steps as two batched products"
@@ -167,7 +168,7 @@ def backend(x: Tensor, dtype: torch.dtype, graphs: bool) -> str:
 
 @functools.cache
 def _announce(message: str) -> None:
-    log.info(message)
+    log.debug(message)  # (INFO would reach evaluate.py's stdout, where translations go)
 
 
 def attention_kernel(x: Tensor) -> AbstractContextManager:
