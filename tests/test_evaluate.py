@@ -179,6 +179,8 @@ def test_dtype_is_checked_before_any_work(tmp_path) -> None:
     choices = re.escape("dtype=half is not one of auto | float32 | bfloat16 | float16")
     with pytest.raises(ValueError, match=choices):
         evaluate(eval_cfg([missing, "dtype=half"], tmp_path))
+    with pytest.raises(ValueError, match=r"decode\.graphs=true: CUDA graphs need a GPU"):
+        evaluate(eval_cfg([missing, "decode.graphs=true", "device=cpu"], tmp_path))
 
 
 def test_glob_matching_nothing_is_refused(tmp_path) -> None:

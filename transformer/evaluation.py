@@ -321,6 +321,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     _check_modes(cfg, options, analysis)
     device = _device(cfg.device)
     dtype = _dtype(cfg.dtype, device)
+    use_graphs(options, device)  # decode.graphs=true needs a GPU: said before any work
     out_dir = Path(cfg.paths.output_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
