@@ -397,6 +397,25 @@ def flat(scores: list[list[float]]) -> list[float]:
     return [score for sentence in scores for score in sentence]
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_off_the_cpu_the_host_reads_the_device_every_8_steps(monkeypatch, strategy):
+    """On the GPU's path the one device read (how many sentences are done) comes at the first
+    step, every 8th and the last (the last sentence done); still no host data in the loop."""
+    monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    model, src = random_model(), sources()
+    limits = dict(bos_id=BOS, eos_id=EOS, max_lengths=torch.tensor([3, 9, 12, 20]))
+    search = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}[strategy]
+    with DeviceTraffic() as traffic:
+        out = [h[0].tokens for h in search(model, src, DecodeOptions(strategy), **limits)]
+    assert len({len(tokens) for tokens in out}) > 1  # sentences left the batch
+    steps = traffic.counts["steps"]
+    assert steps > 8
+    read_at = {0, steps - 1} | {t for t in range(steps) if (t + 1) % 8 == 0}
+    assert traffic.counts["reads"] == len(read_at) + 1  # + the longest output, before the loop
+    assert traffic.counts["sized_by_device"] == 0
+    assert traffic.counts["from_host"] == 2  # the banned ids, once
+
+
 # Greedy scores; ensembles.
 
 
