@@ -119,11 +119,14 @@ class KVCache:
 
 class _Slab:
     """One buffer behind the KVCaches of every layer of one shape, (capacity, layers, 2, B, Hkv,
-    Dh): a reorder of all of them is one ``index_select``."""
+    Dh): a reorder of all of them is one ``index_select``, into a second buffer that then takes
+    the first one's place. When sentences leave, the rows that stay fill the front of the second
+    buffer (``buf`` is then a view of its first rows), so that no step allocates: only beam
+    search's expansion makes the buffers larger."""
 
     def __init__(self, caches: list[KVCache], buffer: Tensor, zeros: bool) -> None:
-        self.caches, self.buf, self.spare = caches, buffer, None
-        self.zeros = zeros  # new buffers filled with zeros (a masked key must not be NaN)
+        self.caches, self.buf, self.zeros = caches, buffer, zeros  # zeros: a masked key never NaN
+        self.stores: list[Tensor | None] = [buffer, None]  # buf's storage, the other
         self._point()
 
     def _point(self) -> None:
@@ -134,20 +137,23 @@ class _Slab:
     def reorder(self, index: Tensor, steps: int, pinned: bool) -> None:
         """Keep batch rows ``index`` of the first ``steps`` steps; ``pinned``: in place where the
         rows stay as many (the buffer keeps its address, as a CUDA graph needs), else through
-        the spare buffer."""
-        if pinned and index.size(0) == self.buf.size(3):
+        the other buffer."""
+        rows = index.size(0)
+        if pinned and rows == self.buf.size(3):
             self.buf[:steps] = self.buf[:steps].index_select(3, index)
             return
         if self.buf.requires_grad:  # out= records no gradients: select into a new buffer
-            self.buf, self.spare = self.buf[:steps].index_select(3, index), None
+            self.buf, self.stores = self.buf[:steps].index_select(3, index), [None, None]
             self._point()
             return
-        if self.spare is None or self.spare.size(3) != index.size(0):
+        other = self.stores[1]
+        if other is None or other.size(3) < rows:
             shape = list(self.buf.shape)
-            shape[3] = index.size(0)
-            self.spare = self.buf.new_zeros(shape) if self.zeros else self.buf.new_empty(shape)
-        torch.index_select(self.buf[:steps], 3, index, out=self.spare[:steps])
-        self.buf, self.spare = self.spare, self.buf
+            shape[3] = rows
+            other = self.buf.new_zeros(shape) if self.zeros else self.buf.new_empty(shape)
+        target = other[:, :, :, :rows]  # (capacity, layers, 2, rows, Hkv, Dh)
+        torch.index_select(self.buf[:steps], 3, index, out=target[:steps])
+        self.buf, self.stores = target, [other, self.stores[0]]
         self._point()
 
 
