@@ -58,6 +58,7 @@ def main() -> None:
     )
     p.add_argument("--limit", type=int, help="the split's first N sentences only")
     p.add_argument("--profile", help="a system to profile after the rounds")
+    p.add_argument("--sync-every", type=int, default=0, help="ours: decode.sync_every")
     args = p.parse_args()
     import_ctranslate2()
     torch.set_num_threads(args.threads)
@@ -66,7 +67,8 @@ def main() -> None:
     lines = read(next(root.glob(f"{args.split}.{args.src}*")))
     refs = read(next(root.glob(f"{args.split}.{args.tgt}*")))
     lines, refs = lines[: args.limit], refs[: args.limit]
-    options = DecodeOptions(strategy="greedy" if args.beam == 1 else "beam", beam_size=args.beam)
+    strategy = "greedy" if args.beam == 1 else "beam"
+    options = DecodeOptions(strategy=strategy, beam_size=args.beam, sync_every=args.sync_every)
 
     ckpt = load_or_average(paths)
     src_tok, tgt_tok = tokenizers(ckpt, paths[0])

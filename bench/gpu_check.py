@@ -268,11 +268,11 @@ def cmd_note(args: argparse.Namespace) -> None:
             others = re.findall(rf"^\| ({peers}) \|.*\| (\S+x) \|$", log, re.M)
             ratios = "".join(f"; {r} vs {n.split('.')[-1]}" for n, r in others)
             note = f"ours {row[2]} tok/s, MFU {row[5]}, {row[6]}, SDPA {row[7]}{ratios}"
-    elif args.kind == "decode":
-        row = _table_row(log, "ours, cached")
+    elif args.kind == "decode":  # | system | seconds | sentences/s | tokens/s | its time / ours |
+        row = _table_row(log, "ours")  # beam search's table comes first
         if row:
-            speedup = re.search(r"over MarianMTModel\.generate: (\S+)", log)
-            note = f"ours {row[2]} sent/s" + (f", {speedup.group(1)} Marian" if speedup else "")
+            marian = _table_row(log, "MarianMTModel.generate")
+            note = f"ours {row[2]} sent/s" + (f", Marian {marian[4]} our time" if marian else "")
     elif args.kind == "eval":  # LOG is evaluate.py's metrics.json
         m = json.loads(log) if log else None
         if m:

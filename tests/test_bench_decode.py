@@ -2,6 +2,7 @@
 every system and shape (the GPU runs use the same scripts)."""
 
 import importlib.util
+import json
 import os
 import re
 import subprocess
@@ -26,29 +27,26 @@ def test_bench_attention_reports_every_shape() -> None:
     assert all(re.search(r"( \d+\.\d\d ms \|){3} \d+\.\d\dx \|$", row) for row in rows)
 
 
-@pytest.fixture(scope="module")
-def cache_dir(tmp_path_factory):
-    return tmp_path_factory.mktemp("bench_decode_cache")  # one tokenizer for both runs
-
-
 @pytest.mark.skipif(
     not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set to the Multi30k files"
 )
-@pytest.mark.parametrize(
-    ("lengths", "batching", "batches"),
-    [("equal", ["--batch", "5"], 3), ("reference", ["--max-tokens", "64"], None)],
-)
-def test_bench_decode_tiny(cache_dir, lengths: str, batching: list[str], batches) -> None:
+def test_bench_decode_dry_run_reports_every_system_and_search(tmp_path) -> None:
     marian = importlib.util.find_spec("transformers") is not None
+    ct2 = importlib.util.find_spec("ctranslate2") is not None
     out = run(
-        "bench_decode.py", "--root", os.environ["MULTI30K_DIR"], "--cache-dir", str(cache_dir),
-        "--limit", "12", "--vocab", "500", "--d-model", "32", "--heads", "2", "--layers", "1",
-        "--d-ff", "64", "--lengths", lengths, "--length", "4", *batching,
-        *([] if marian else ["--no-marian"]),
+        "bench_decode.py", "--root", os.environ["MULTI30K_DIR"], "--cache-dir", str(tmp_path),
+        "--dry-run", "--uncached", "--lengths", "reference", "--max-tokens", "64",
+        "--out", str(tmp_path / "seconds.json"),
     )  # fmt: skip
-    header = out.splitlines()[0]
-    assert "sentences=12 " in header and f"lengths={lengths}" in header
-    count = int(re.search(r"batches=(\d+)", header).group(1))
-    assert count == batches if batches else count > 1  # --max-tokens 64: a few sentences each
-    assert re.search(r"over ours, uncached: \d+\.\d\dx", out)
-    assert ("over MarianMTModel.generate" in out) == marian
+    header, backend = out.splitlines()[:2]
+    assert "sentences=12 " in header and "lengths=reference" in header
+    assert int(re.search(r"batches=(\d+)", header).group(1)) > 1  # a few sentences each
+    assert backend.startswith("ours: decoding on cpu in float32: oneDNN")
+    for search in ("beam 5", "greedy"):
+        table = out.split(f"\n{search}:\n")[1].split("\n\n")[0]
+        assert re.search(r"\| ours, uncached \| [\d.]+ \| [\d.]+ \| \d+ \| \d+\.\d\dx", table)
+        assert ("| MarianMTModel.generate |" in table) == marian
+        assert ("| CTranslate2 (float32) |" in table) == ct2
+    seconds = json.loads((tmp_path / "seconds.json").read_text())["seconds"]
+    batches = int(re.search(r"batches=(\d+)", header).group(1))
+    assert all(len(times) == batches for times in seconds["beam"].values())

@@ -16,6 +16,7 @@ from tests.tiny import lengths_to_pad_mask, padded_batch, tiny_model, tiny_model
 from transformer import KVCache, MultiheadAttention
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
 from transformer.decoding.sampling import streams, uniforms
+from transformer.decoding.step import Stepper
 from transformer.lit_module import TranslationModule, hidden_states
 from transformer.optim import build_optimizer
 
@@ -156,3 +157,61 @@ def test_training_step_never_waits_for_the_gpu():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     torch.cuda.synchronize()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_replays_give_the_eager_steps_logits(dtype):
+    """A cached step replayed from its CUDA graph (decode.graphs, on by default on a GPU) gives
+    the log-probabilities of the same step run eagerly, at each batch size of a beam search:
+    one row per sentence, the beams after their expansion, reordered in place, then a sentence
+    leaving (a new size, a new graph)."""
+    model, src = random_model().to(CUDA, dtype), sources().to(CUDA)
+    steppers = [Stepper(model, src, src.eq(PAD), steps=8, graphs=g) for g in (True, False)]
+    graphed = steppers[0].graphs[0]
+    tokens = torch.randint(4, 40, (4 * 2, 8), device=CUDA)
+    tokens[:, 0] = BOS
+
+    tol = 1e-5 if dtype == torch.float32 else 2e-2  # (the same kernels; cuBLAS may differ)
+
+    def step(t: int, rows: torch.Tensor) -> None:
+        got, want = (s.log_probs(tokens[rows, : t + 1]) for s in steppers)
+        torch.testing.assert_close(got, want, rtol=tol, atol=tol)
+
+    with torch.no_grad():
+        step(0, torch.arange(0, 8, 2, device=CUDA))  # one row per sentence: eager
+        for s in steppers:
+            s.expand_beams(2)
+        rows = torch.arange(8, device=CUDA)
+        for t in range(1, 4):  # the first step of a size runs eagerly, the next captures
+            step(t, rows)
+            assert (graphed.graph is not None) == (t > 1)
+            order = torch.tensor([1, 0, 2, 2, 5, 4, 7, 6], device=CUDA)  # within sentences
+            for s in steppers:
+                s.reorder(order)
+            tokens[rows] = tokens[rows][order]
+        keep = torch.tensor([0, 1, 4, 5], device=CUDA)  # sentences 0 and 2 stay
+        for s in steppers:
+            s.reorder(keep, sentences=torch.tensor([0, 2], device=CUDA))
+        assert graphed.graph is None
+        for t in range(4, 7):
+            step(t, keep)
+        assert graphed.graph is not None
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_searches_decode_the_same_with_graphs_and_without(strategy):
+    """Greedy, beam search and sampling on a GPU with CUDA graphs (the default) and without:
+    the same translations and scores."""
+    model, src = random_model().to(CUDA), sources().to(CUDA)
+    options = {
+        "greedy": dict(strategy="greedy", max_len_b=8),
+        "beam": dict(beam_size=3, nbest=3, max_len_b=8),
+        "sample": dict(strategy="sample", nbest=2, max_len_b=8, seed=5, top_k=10),
+    }[strategy]
+    search = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}[strategy]
+    ids = dict(bos_id=BOS, eos_id=EOS)
+    graphed = search(model, src, DecodeOptions(**options, sync_every=2), **ids)
+    eager = search(model, src, DecodeOptions(**options, sync_every=2, graphs=False), **ids)
+    assert [[h.tokens for h in s] for s in graphed] == [[h.tokens for h in s] for s in eager]
+    for a, b in zip(graphed, eager, strict=True):
+        assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)

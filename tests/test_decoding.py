@@ -10,8 +10,9 @@ import torch
 from torch import nn
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from tests.test_learning import reversal_batch, reversing_model
 from tests.tiny import tiny_model
-from transformer import Transformer, TransformerConfig
+from transformer import Transformer, TransformerConfig, kernels
 from transformer.decoding import (
     DecodeOptions,
     beam_search,
@@ -20,6 +21,7 @@ from transformer.decoding import (
     sample,
 )
 from transformer.decoding.sampling import mix64, streams, uniforms
+from transformer.decoding.step import batch_size
 
 PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
 V = 7
@@ -27,6 +29,8 @@ V = 7
 
 class ScriptedCache:
     """Tracks each row's generated tokens; reordered like the real cache."""
+
+    static = False
 
     def __init__(self, rows: int) -> None:
         self.prefixes: list[tuple[int, ...]] = [()] * rows
@@ -53,7 +57,7 @@ class ScriptedModel(nn.Module):
     def encode(self, src, src_pad_mask=None):
         return torch.zeros(src.size(0), 1)
 
-    def init_cache(self, memory, memory_pad_mask):
+    def init_cache(self, memory, memory_pad_mask, capacity=None, static=False):
         return ScriptedCache(memory.size(0))
 
     def decode(self, tokens, cache):
@@ -139,6 +143,8 @@ def test_invalid_options_raise() -> None:
         (dict(alignment="yes"), r"decode\.alignment must be true or false"),
         (dict(alignment_head=-1), r"decode\.alignment_head must be a head index >= 0 or null"),
         (dict(strategy="top"), r"decode\.strategy='top'; choose one of 'greedy' or 'beam' or"),
+        (dict(graphs="yes"), r"decode\.graphs must be true, false or null"),
+        (dict(sync_every=-1), r"decode\.sync_every must be >= 0"),
     ]
     for options, message in cases:
         with pytest.raises(ValueError, match=message):
@@ -301,6 +307,113 @@ def test_decoding_reads_the_device_once_a_step_and_copies_nothing_from_the_host(
     assert counts["reads"] == counts["steps"] + 1  # + the longest output, before the loop
     assert counts["sized_by_device"] == 0
     assert counts["from_host"] == 2  # the banned ids, once
+
+
+class Kernels(TorchDispatchMode):
+    """The kernels an eager run launches, in order: every op but views, allocations without
+    data, and the device reads that ``DeviceTraffic`` counts."""
+
+    NOT_KERNELS = {"empty", "empty_strided", "detach", "_unsafe_view", "_local_scalar_dense"}
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.overloadpacket.__name__
+        if not func.is_view and name not in self.NOT_KERNELS:
+            self.ops.append(name)
+        return func(*args, **(kwargs or {}))
+
+    def per_step(self) -> list[int]:
+        """Kernels from one step's log-softmax to the next's: a decoder step, its cache writes
+        and reorder, the search's bookkeeping."""
+        steps = [i for i, op in enumerate(self.ops) if op == "_log_softmax"]
+        return [b - a for a, b in zip(steps[:-1], steps[1:], strict=True)]
+
+
+def test_a_beam_step_of_the_base_decoder_launches_at_most_150_kernels(monkeypatch) -> None:
+    """Each step of beam search (beam 5) with the base model's 6 decoder layers (narrower), as a
+    GPU runs it: CPU tensors sent down the GPU paths (``transformer.kernels``: F.linear, SDPA,
+    the static cache, a read every 8 steps), eager, which is what a CUDA graph replays. Before
+    the static cache and its masks built once, 187-206."""
+    monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    cfg = TransformerConfig(
+        60, 60, d_model=64, num_heads=8, num_encoder_layers=1, num_decoder_layers=6, d_ff=128
+    )
+    model = Transformer(cfg).eval()
+    src = torch.randint(4, 60, (4, 9))
+    src[1, 5:] = PAD
+    options = DecodeOptions(beam_size=5, min_len=12, max_len_a=0.0, max_len_b=12)
+    with Kernels() as kernels_launched:
+        beam_search(model, src, options, bos_id=BOS, eos_id=EOS)
+    per_step = kernels_launched.per_step()
+    assert len(per_step) == 12
+    assert max(per_step) <= 150, per_step
+
+
+def test_batch_sizes_come_from_a_short_ladder() -> None:
+    assert [batch_size(n, 1) for n in (1, 13, 273)] == [1, 13, 273]  # read every step: exact
+    assert [batch_size(n, 8) for n in range(1, 9)] == list(range(1, 9))
+    ladder = sorted({batch_size(n, 8) for n in range(1, 1025)})
+    assert ladder[8:20] == [10, 12, 14, 16, 20, 24, 28, 32, 40, 48, 56, 64]
+    assert len(ladder) == 36
+    assert all(n <= batch_size(n, 8) < 1.25 * n for n in range(9, 1025))
+
+
+@pytest.fixture(scope="module")
+def trained() -> tuple[Transformer, torch.Tensor]:
+    """A tiny model halfway through learning to reverse sequences (tests/test_learning.py), and
+    23 sources: its translations end at different steps, some right, some not."""
+    src, _, _ = reversal_batch(23, torch.Generator().manual_seed(2))
+    return reversing_model(80), src
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_the_gpu_path_decodes_what_the_cpu_path_decodes(monkeypatch, trained, strategy) -> None:
+    """The GPU's path without graphs (a static cache read behind a length mask; done sentences
+    frozen until the host reads, every 3 steps; batches of the ladder's sizes with padding
+    sentences), run on CPU tensors, gives the CPU path's translations and scores, which are the
+    uncached decoder's, on a trained model."""
+    model, src = trained
+    sizes = dict(beam_size=4, nbest=3) if strategy == "beam" else {}
+    if strategy == "sample":
+        sizes = dict(nbest=2, seed=3, top_k=5)
+    limits = dict(strategy=strategy, max_len_a=1.0, max_len_b=2, **sizes)
+    cpu_tokens, cpu_scores = decode_all(model, src, DecodeOptions(**limits))
+    uncached_tokens, uncached_scores = decode_all(
+        model, src, DecodeOptions(**limits), use_cache=False
+    )
+    assert cpu_tokens == uncached_tokens
+    assert flat(cpu_scores) == pytest.approx(flat(uncached_scores), abs=1e-5)
+    assert len({len(t[0]) for t in cpu_tokens}) >= 4  # sentences end at different steps
+    monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    gpu_tokens, gpu_scores = decode_all(model, src, DecodeOptions(**limits, sync_every=3))
+    assert gpu_tokens == cpu_tokens
+    assert flat(gpu_scores) == pytest.approx(flat(cpu_scores), abs=1e-5)
+
+
+def flat(scores: list[list[float]]) -> list[float]:
+    return [score for sentence in scores for score in sentence]
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_off_the_cpu_the_host_reads_the_device_every_8_steps(monkeypatch, strategy):
+    """On the GPU's path the one device read (how many sentences are done) comes at the first
+    step, every 8th and the last (the last sentence done); still no host data in the loop."""
+    monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    model, src = random_model(), sources()
+    limits = dict(bos_id=BOS, eos_id=EOS, max_lengths=torch.tensor([3, 9, 12, 20]))
+    search = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}[strategy]
+    with DeviceTraffic() as traffic:
+        out = [h[0].tokens for h in search(model, src, DecodeOptions(strategy), **limits)]
+    assert len({len(tokens) for tokens in out}) > 1  # sentences left the batch
+    steps = traffic.counts["steps"]
+    assert steps > 8
+    read_at = {0, steps - 1} | {t for t in range(steps) if (t + 1) % 8 == 0}
+    assert traffic.counts["reads"] == len(read_at) + 1  # + the longest output, before the loop
+    assert traffic.counts["sized_by_device"] == 0
+    assert traffic.counts["from_host"] == 2  # the banned ids, once
 
 
 # Greedy scores; ensembles.

@@ -178,21 +178,25 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
     assert lines(tmp_path / "c" / "hypotheses.txt") == lines(tmp_path / "a" / "hypotheses.txt")
 
 
-def test_bfloat16_weights(trained, tmp_path) -> None:
+def test_bfloat16_weights_when_asked_float32_on_cpu_by_default(trained, tmp_path) -> None:
     ckpt, corpus = trained
-    run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "dtype=bfloat16"]
-    metrics = evaluate(eval_cfg(run, tmp_path))
+    run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "device=cpu"]
+    metrics = evaluate(eval_cfg([*run, "dtype=bfloat16"], tmp_path))
     assert metrics["dtype"] == "bfloat16"
+    assert metrics["backend"].startswith("decoding on cpu in bfloat16: oneDNN linear layers")
     assert len(lines(tmp_path / "hypotheses.txt")) == len(lines(corpus / "test.de"))
+    assert evaluate(eval_cfg(run, tmp_path / "auto"))["dtype"] == "float32"  # dtype=auto
 
 
 def test_dtype_is_checked_before_any_work(tmp_path) -> None:
     missing = f"ckpt_path={tmp_path / 'none.ckpt'}"  # the option is refused first
     with pytest.raises(ValueError, match="dtype=float16 is for GPUs.*use dtype=bfloat16"):
         evaluate(eval_cfg([missing, "dtype=float16", "device=cpu"], tmp_path))
-    choices = re.escape("dtype=half is not one of float32 | bfloat16 | float16")
+    choices = re.escape("dtype=half is not one of auto | float32 | bfloat16 | float16")
     with pytest.raises(ValueError, match=choices):
         evaluate(eval_cfg([missing, "dtype=half"], tmp_path))
+    with pytest.raises(ValueError, match=r"decode\.graphs=true: CUDA graphs need a GPU"):
+        evaluate(eval_cfg([missing, "decode.graphs=true", "device=cpu"], tmp_path))
 
 
 def test_glob_matching_nothing_is_refused(tmp_path) -> None:

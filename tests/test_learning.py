@@ -31,19 +31,24 @@ def greedy(model: Transformer, src: torch.Tensor, max_len: int) -> torch.Tensor:
     return out[:, 1:]
 
 
-def test_tiny_model_learns_to_reverse() -> None:
+def reversing_model(steps: int) -> Transformer:
+    """The tiny model after ``steps`` updates of learning to reverse sequences, in eval mode."""
+    torch.manual_seed(0)
     model = tiny_model(V, d_model=64, d_ff=128, dropout=0.0, share_all_embeddings=True).train()
     opt = torch.optim.AdamW(model.parameters(), lr=2e-3)
     gen = torch.Generator().manual_seed(0)
-    for _ in range(300):
+    for _ in range(steps):
         src, tgt_in, labels = reversal_batch(64, gen)
         logits = model(src, tgt_in)
         loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=PAD)
         opt.zero_grad()
         loss.backward()
         opt.step()
+    return model.eval()
 
-    model.eval()
+
+def test_tiny_model_learns_to_reverse() -> None:
+    model = reversing_model(300)
     src, _, labels = reversal_batch(256, torch.Generator().manual_seed(1))  # unseen sequences
     hyp = greedy(model, src, labels.size(1))
     real = labels.ne(PAD)

@@ -5,7 +5,7 @@ import torch
 
 import transformer.attention as attention_module
 from tests.tiny import tiny_model
-from transformer import AttentionMaps, Transformer, TransformerConfig
+from transformer import AttentionMaps, DecoderCache, Transformer, TransformerConfig, kernels
 
 PAD, V = 0, 50
 
@@ -121,7 +121,70 @@ def test_beams_after_a_first_step_and_a_sentence_leaving_the_batch() -> None:
     steps = [model.decode(tgt[rows, t : t + 1], cache=cache) for t in range(2, 5)]
     recomputed = model(src[[0, 0, 2, 2]], tgt[rows])
     torch.testing.assert_close(torch.cat(steps, 1), recomputed[:, 2:], atol=1e-5, rtol=1e-5)
-    assert cache.cross_attn[0].k.size(0) == 2 and cache.memory_pad_mask.size(0) == 2
+    assert cache.cross_attn[0].k.size(0) == 2 and cache.cross_attn[0].bias.size(0) == 2
+
+
+def beam_path(model: Transformer, src: torch.Tensor, tgt: torch.Tensor, cache: DecoderCache):
+    """Beam search's path through a cache, as the test above: one row per sentence, then 2 beams
+    each, reordered, the middle sentence leaving. Every step's logits, flattened; a static
+    cache's position set before each step and the step counted after."""
+    logits = []
+
+    def step(tokens: torch.Tensor) -> torch.Tensor:
+        if cache.static:
+            cache.position.fill_(cache.offset)
+        out = model.decode(tokens, cache=cache)
+        if cache.static:
+            cache.advance()
+        return out
+
+    logits.append(step(tgt[::2, :1]))
+    cache.expand_beams(2)
+    logits.append(step(tgt[:, 1:2]))
+    cache.reorder(torch.tensor([1, 0, 3, 3, 4, 5]))  # beams within their sentences
+    logits.append(step(tgt[[1, 0, 3, 3, 4, 5], 2:3]))
+    cache.reorder(torch.tensor([1, 1, 4, 5]), torch.tensor([0, 2]))  # the middle one leaves
+    logits += [step(tgt[[1, 1, 4, 5], t : t + 1]) for t in range(3, 5)]
+    return torch.cat([x.flatten() for x in logits])
+
+
+@pytest.mark.parametrize("gpu_paths", [False, True])
+@pytest.mark.parametrize("pinned", [False, True])
+def test_a_static_cache_steps_as_the_growing_cache(monkeypatch, gpu_paths, pinned) -> None:
+    """A static cache (allocated once at its capacity, read whole behind a length mask, written
+    at a device position; ``pinned``: reordered in place, as under CUDA graphs) gives every step
+    the logits of the growing cache, through beams and a sentence leaving; on the CPU's kernels
+    and on the GPU's (SDPA with additive masks), float64 to 1e-12."""
+    if gpu_paths:
+        monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    model = tiny_model(V, num_kv_heads=2).double()
+    src = torch.cat([tokens(3, 5), torch.full((3, 3), PAD)], 1)
+    src[1, 5:] = tokens(3)
+    tgt = tokens(6, 5)
+    with torch.no_grad():
+        memory = model.encode(src)
+        growing = beam_path(model, src, tgt, model.init_cache(memory, src.eq(PAD)))
+        static = model.init_cache(memory, src.eq(PAD), capacity=8, static=True)
+        static.pinned = pinned
+        got = beam_path(model, src, tgt, static)
+    torch.testing.assert_close(got, growing, rtol=1e-12, atol=1e-12)
+    assert static.self_attn[0].k.shape == (4, 2, 8, 8)  # the whole capacity, every step
+    assert static.offset == 5
+
+
+@pytest.mark.parametrize("gpu_paths", [False, True])
+def test_cached_steps_keep_the_models_precision(monkeypatch, gpu_paths: bool) -> None:
+    """A float64 model decodes in float64, cached or not: its steps are the full forward's to
+    1e-12 (attention computed in float32 would be 1e-7 off)."""
+    if gpu_paths:
+        monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    model = tiny_model(V, num_kv_heads=2).double()
+    src = torch.cat([tokens(3, 6), torch.full((3, 2), PAD)], 1)
+    tgt = tokens(3, 7)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            greedy_steps(model, src, tgt), model(src, tgt), rtol=1e-12, atol=1e-12
+        )
 
 
 def test_attention_maps_capture_every_layer_and_head() -> None:

@@ -27,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer import kernels
 from transformer.config import check_heads
 from transformer.dropout import dropout
 from transformer.kv_cache import KVCache
@@ -121,17 +122,22 @@ def sdpa(
 
 def step_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> Tensor:
     """One decoding step on CPU: q (B, H, Tq, Dh) against cached k, v (B, Hkv, Tk, Dh) ->
-    (B, H, Tq, Dh), in float32 (as :func:`sdpa` decodes), as two batched matrix products that
-    read the cache's strided keys and values where they lie; PyTorch's fused CPU kernel is
-    slower on them than on contiguous ones (BENCHMARKS.md, "CTranslate2 against our decoder").
-    ``allowed`` must be broadcastable to (B, 1, 1, Tk): key padding, no causal mask."""
+    (B, H, Tq, Dh), as two batched matrix products that read the cache's strided keys and values
+    where they lie; PyTorch's fused CPU kernel is slower on them than on contiguous ones
+    (BENCHMARKS.md, "CTranslate2 against our decoder"). bf16/fp16 compute in float32 (as
+    :func:`sdpa` decodes), float32 and float64 in their own precision. ``allowed``, broadcastable
+    to (B, 1, 1, Tk) (key padding, a length mask; no causal mask): bool, True where allowed, or a
+    float additive mask (``transformer.masks``)."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk, dtype = k.size(1), k.size(2), q.dtype
-    q = q.float().reshape(B * Hkv, H // Hkv * Tq, Dh)  # a key/value head's query heads together
-    k, v = k.float().reshape(B * Hkv, Tk, Dh), v.float().reshape(B * Hkv, Tk, Dh)
+    compute = torch.float64 if dtype == torch.float64 else torch.float32
+    q = q.to(compute).reshape(B * Hkv, H // Hkv * Tq, Dh)  # a key/value head's query heads together
+    k, v = k.to(compute).reshape(B * Hkv, Tk, Dh), v.to(compute).reshape(B * Hkv, Tk, Dh)
     scores = torch.bmm(q, k.transpose(1, 2)).mul_(1 / math.sqrt(Dh))  # (B * Hkv, H/Hkv * Tq, Tk)
-    if allowed is not None:
-        scores.view(B, Hkv, -1, Tk).masked_fill_(~allowed, torch.finfo(scores.dtype).min)
+    if allowed is not None and allowed.dtype == torch.bool:
+        scores.view(B, Hkv, -1, Tk).masked_fill_(~allowed, torch.finfo(compute).min)
+    elif allowed is not None:
+        scores.view(B, Hkv, -1, Tk).add_(allowed)
     out = torch.bmm(scores.softmax(-1), v)  # (B * Hkv, H/Hkv * Tq, Dh)
     return out.view(B, H, Tq, Dh).to(dtype)
 
@@ -259,12 +265,15 @@ class MultiheadAttention(nn.Module):
                 if cache is not None:
                     cache.append(k, v)
         else:
-            q, k, v = self.qkv_proj(x).split([self.q_width, self.kv_width, self.kv_width], dim=-1)
+            qkv = self.qkv_proj(x)  # (B, Tq, H * Dh + 2 * Hkv * Dh)
+            q, k, v = qkv.split([self.q_width, self.kv_width, self.kv_width], dim=-1)
             q = self._heads(q, self.num_heads)  # (B, H, Tq, Dh)
-            k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
-            if cache is not None:
+            if cache is not None:  # keys and values side by side: into the cache in one copy
                 offset = cache.length
-                k, v = cache.append(k, v)  # (B, Hkv, offset + Tq, Dh)
+                kv = qkv[..., self.q_width :].view(B, Tq, 2, self.num_kv_heads, self.head_dim)
+                k, v = cache.write(kv)  # (B, Hkv, offset + Tq, Dh); static: all its capacity
+            else:
+                k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
         # Beam search keeps one set of cross-attention K/V per sentence: the queries of its
         # `beams` decoder rows attend as one block of beams * Tq query positions.
         beams = B // k.size(0)
@@ -274,10 +283,14 @@ class MultiheadAttention(nn.Module):
             )  # (B/beams, H, beams*Tq, Dh)
         Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
+        # Masks built once, additive (B or 1, 1, 1, Tk): the layer stack's padding (attn_mask), or
+        # the one decoding's cache carries (the source's padding, or the static length mask).
+        bias = attn_mask if attn_mask is not None else cache.bias if cache is not None else None
 
         if need_weights:
-            allowed = attn_mask
-            if allowed is None:
+            if bias is not None:
+                allowed = bias.eq(0)
+            else:
                 allowed = attention_allowed(
                     key_padding_mask, causal, q.size(2), Tk, offset, x.device
                 )
@@ -290,11 +303,12 @@ class MultiheadAttention(nn.Module):
             # needs no mask at all.
             fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
             needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
-            allowed = attn_mask
-            if allowed is None:
+            if bias is not None:
+                fast_causal, needs_mask, allowed = False, False, bias
+            else:
                 allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
             step = cache is not None and Tq == 1 and not needs_mask and not dropout_p
-            if step and x.device.type == "cpu" and self.num_heads:  # (pruned to none: SDPA)
+            if step and kernels.cpu_kernels(x) and self.num_heads:  # (pruned to none: SDPA)
                 out = step_attention(q, k, v, allowed)
             else:
                 backends = self.sdpa_backends

@@ -24,7 +24,8 @@ class TransformerEmbedding(nn.Module):
     """tokens (B, T) -> dropout(embedding * sqrt(D) + position) (B, T, D).
 
     ``offset`` is the position of the first token: the number of steps already decoded when
-    decoding incrementally. The token table is an ``nn.Embedding`` that other modules may share.
+    decoding incrementally, or a (1,) tensor holding it (a static decoding step, one token: no
+    host value read). The token table is an ``nn.Embedding`` that other modules may share.
     """
 
     def __init__(self, tokens: nn.Embedding, max_positions: int, dropout: float) -> None:
@@ -36,12 +37,16 @@ class TransformerEmbedding(nn.Module):
         )
         self.dropout = Dropout(dropout)
 
-    def forward(self, tokens: Tensor, offset: int = 0) -> Tensor:
+    def forward(self, tokens: Tensor, offset: int | Tensor = 0) -> Tensor:
         T = tokens.size(1)
-        if offset + T > self.positions.size(0):
+        if isinstance(offset, Tensor):  # (1,): within max_positions, as its cache was made
+            positions = self.positions.index_select(0, offset)  # (1, D)
+        elif offset + T > self.positions.size(0):
             raise ValueError(
                 f"sequence reaches position {offset + T}, beyond max_positions="
                 f"{self.positions.size(0)}; raise model.max_positions or shorten the input"
             )
-        x = self.tokens(tokens) * self.scale + self.positions[offset : offset + T]  # (B, T, D)
+        else:
+            positions = self.positions[offset : offset + T]  # (T, D)
+        x = self.tokens(tokens) * self.scale + positions  # (B, T, D)
         return self.dropout(x)

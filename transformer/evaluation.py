@@ -35,6 +35,7 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.data.text_files import count_lines, iter_line_blocks, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
+from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
@@ -57,16 +58,30 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch
 
 
 def _dtype(name: str, device: torch.device) -> torch.dtype:
-    """The weights' type while decoding (``dtype=``); log-probabilities and beam scores are
-    float32 whatever it is (:class:`transformer.decoding.step.Stepper`)."""
+    """The weights' type while decoding (``dtype=``; auto: bf16 on a GPU, fp16 on one without
+    bf16, float32 on the CPU); log-probabilities and beam scores are float32 whatever it is
+    (:class:`transformer.decoding.step.Stepper`)."""
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
     if name not in DTYPES:
-        raise ConfigError(f"dtype={name} is not one of {' | '.join(DTYPES)}")
+        raise ConfigError(f"dtype={name} is not one of auto | {' | '.join(DTYPES)}")
     if name == "float16" and device.type == "cpu":
         raise ConfigError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
                           "dtype=bfloat16")  # fmt: skip
     if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
     return DTYPES[name]
+
+
+def decoding_backend(options: DecodeOptions, device: torch.device, dtype: torch.dtype) -> str:
+    """How our decoder runs on ``device`` (attention kernel, static shapes, CUDA graphs)."""
+    return backend(torch.empty(0, device=device), dtype, use_graphs(options, device))
+
+
+def _name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
 
 
 def checkpoint_paths(ckpt_path: Any) -> list[str]:
@@ -327,7 +342,7 @@ def _ct2_translator(
     checkpoint holding its data settings, and the directory as the one path."""
     if analysis is not None:
         raise ConfigError(f"analysis={analysis} reads our model's attention; use engine=torch")
-    if cfg.dtype != "float32":
+    if cfg.dtype not in ("auto", "float32"):
         raise ConfigError(
             f"dtype={cfg.dtype} is for engine=torch; with engine=ctranslate2 set "
             "ctranslate2.compute_type (int8, bfloat16, ...) or export with --quantization"
@@ -359,6 +374,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     _check_modes(cfg, options, analysis)
     device = _device(cfg.device)
     dtype = _dtype(cfg.dtype, device)
+    use_graphs(options, device)  # decode.graphs=true needs a GPU: said before any work
     fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
     out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
@@ -415,7 +431,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
         "engine": engine,
         "device": str(device),
-        "dtype": translator.compute_type if engine == "ctranslate2" else cfg.dtype,
+        "dtype": translator.compute_type if engine == "ctranslate2" else _name(dtype),
+        "backend": "ctranslate2"
+        if engine == "ctranslate2"
+        else decoding_backend(options, device, dtype),
         "checkpoints": paths,
         "ensemble": cfg.ensemble,
     }

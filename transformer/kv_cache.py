@@ -1,34 +1,49 @@
 """Key/value caches for incremental decoding.
 
-A :class:`KVCache` belongs to one attention module. Self-attention appends the new step's keys and
-values; cross-attention fills it once from the encoder output and then only reads it. One
-``reorder(index)`` contract serves beam search: keep batch (times beam) rows ``index``.
+A :class:`KVCache` belongs to one attention module. Self-attention writes each step's keys and
+values into it; cross-attention fills it once from the encoder output and then only reads it. A
+:class:`DecoderCache` holds a decoder's caches and the masks decoding builds once, and one
+``reorder(index, sentences)`` contract serves beam search: keep batch (times beam) rows ``index``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 
+from transformer.masks import padding_bias, positions_bias
+
 
 class KVCache:
-    """Keys and values of one attention module, read as ``k`` and ``v``, each (B, Hkv, T, Dh).
+    """Keys and values of one attention module, read as ``k`` and ``v``, each (B, Hkv, T, Dh),
+    and ``bias``: the additive mask over those keys that decoding builds once (None: every key
+    may be seen; see ``transformer.masks``).
 
-    Both live in one time-major buffer, (capacity, 2, B, Hkv, Dh), with room for more steps:
-    ``append`` writes only the new steps (doubling the buffer when it is full), and ``reorder``
-    copies the cached steps once, into a spare buffer that then takes the first one's place, so
-    no step copies the whole cache (BENCHMARKS.md, "Decoding: beam search, cached vs uncached vs
-    MarianMTModel"). ``k`` and ``v`` are strided views of the buffer, valid until the next
-    ``append`` or ``reorder``.
+    Both live in one time-major buffer, (capacity, 2, B, Hkv, Dh): a step writes only its own
+    keys and values, and ``reorder`` copies the cached steps once, into a spare buffer that then
+    takes the first one's place. ``k`` and ``v`` are strided views of the buffer, valid until the
+    next write or reorder. Given a ``capacity`` (the most steps a search will take) the buffer is
+    allocated once; without one it doubles when full.
+
+    Static (``position`` set by :class:`DecoderCache`, a (1,) tensor on the device): ``write``
+    puts the step at ``position``, ``k`` and ``v`` cover the whole capacity and ``bias`` hides
+    the positions not written yet, so that every step has the same shapes and addresses (what a
+    CUDA graph replays). ``length``, the steps written so far, is then advanced by the cache's
+    owner, since a graph replay runs no Python.
 
     Meant for incremental decoding under ``torch.no_grad()``: with gradients on, the in-place writes
     leave backward an error about modified tensors rather than wrong gradients.
     """
 
-    def __init__(self, k: Tensor | None = None, v: Tensor | None = None) -> None:
+    def __init__(
+        self, k: Tensor | None = None, v: Tensor | None = None, *, capacity: int | None = None
+    ) -> None:
         self.length = 0
+        self.capacity = capacity
+        self.position: Tensor | None = None  # (1,) static: where the step goes
+        self.bias: Tensor | None = None  # (B or 1, 1, 1, T) additive mask over the keys
         self._buf: Tensor | None = None  # (capacity, 2, B, Hkv, Dh)
         self._spare: Tensor | None = None  # the same shape: reorder's destination
         if k is not None and v is not None:
@@ -36,28 +51,54 @@ class KVCache:
 
     @property
     def k(self) -> Tensor | None:
-        return None if self._buf is None else self._buf[: self.length, 0].permute(1, 2, 0, 3)
+        return None if self._buf is None else self._view(0)
+
+    @property
+    def v(self) -> Tensor | None:
+        return None if self._buf is None else self._view(1)
+
+    def _view(self, i: int) -> Tensor:
+        steps = self._buf.size(0) if self.position is not None else self.length
+        return self._buf[:steps, i].permute(1, 2, 0, 3)  # (B, Hkv, T, Dh)
 
     @property
     def batch_size(self) -> int:
         return 0 if self._buf is None else self._buf.size(2)
 
-    @property
-    def v(self) -> Tensor | None:
-        return None if self._buf is None else self._buf[: self.length, 1].permute(1, 2, 0, 3)
+    def _reserve(self, t: int, like: Tensor) -> None:
+        """Room for ``t`` more steps of keys like ``like`` (t, B, Hkv, Dh)."""
+        n = self.length
+        if self._buf is not None and n + t <= self._buf.size(0):
+            return
+        if self.capacity is not None and n + t > self.capacity:
+            raise ValueError(f"a cache of {self.capacity} steps cannot take {n + t}")
+        capacity = self.capacity or (2 * (n + t) if n else max(t, 16))  # room to grow
+        buf = like.new_empty(capacity, 2, *like.shape[1:])
+        if self._buf is not None:
+            buf[:n] = self._buf[:n]
+        self._buf, self._spare = buf, None
 
     def append(self, k: Tensor, v: Tensor) -> tuple[Tensor, Tensor]:
         """Add the new steps' (B, Hkv, t, Dh) keys and values; return all cached so far."""
         n, t = self.length, k.size(2)
-        if self._buf is None or n + t > self._buf.size(0):
-            capacity = 2 * (n + t) if n else max(t, 16)  # one step at a time: room to grow
-            buf = k.new_empty(capacity, 2, *k.shape[:2], k.size(3))
-            if self._buf is not None:
-                buf[:n] = self._buf[:n]
-            self._buf, self._spare = buf, None
-        self._buf[n : n + t, 0] = k.permute(2, 0, 1, 3)
-        self._buf[n : n + t, 1] = v.permute(2, 0, 1, 3)
+        k, v = k.permute(2, 0, 1, 3), v.permute(2, 0, 1, 3)  # (t, B, Hkv, Dh)
+        self._reserve(t, k)
+        self._buf[n : n + t, 0] = k
+        self._buf[n : n + t, 1] = v
         self.length = n + t
+        return self.k, self.v
+
+    def write(self, kv: Tensor) -> tuple[Tensor, Tensor]:
+        """Add the new steps' keys and values as one projection gives them, (B, t, 2, Hkv, Dh),
+        with one copy; return all cached so far (static: at ``position``, one step)."""
+        kv = kv.permute(1, 2, 0, 3, 4)  # (t, 2, B, Hkv, Dh)
+        if self.position is not None:
+            self._buf.index_copy_(0, self.position, kv)
+        else:
+            n, t = self.length, kv.size(0)
+            self._reserve(t, kv[:, 0])
+            self._buf[n : n + t] = kv
+            self.length = n + t
         return self.k, self.v
 
     def reorder(self, index: Tensor) -> None:
@@ -76,13 +117,73 @@ class KVCache:
         self._buf, self._spare = self._spare, self._buf
 
 
+class _Slab:
+    """One buffer behind the KVCaches of every layer of one shape, (capacity, layers, 2, B, Hkv,
+    Dh): a reorder of all of them is one ``index_select``, into a second buffer that then takes
+    the first one's place. When sentences leave, the rows that stay fill the front of the second
+    buffer (``buf`` is then a view of its first rows), so that no step allocates: only beam
+    search's expansion makes the buffers larger."""
+
+    def __init__(self, caches: list[KVCache], buffer: Tensor, zeros: bool) -> None:
+        self.caches, self.buf, self.zeros = caches, buffer, zeros  # zeros: a masked key never NaN
+        self.stores: list[Tensor | None] = [buffer, None]  # buf's storage, the other
+        self._point()
+
+    def _point(self) -> None:
+        for layer, cache in enumerate(self.caches):
+            cache._buf = self.buf[:, layer]  # (capacity, 2, B, Hkv, Dh)
+            cache._spare = None
+
+    def reorder(self, index: Tensor, steps: int, pinned: bool) -> None:
+        """Keep batch rows ``index`` of the first ``steps`` steps; ``pinned``: in place where the
+        rows stay as many (the buffer keeps its address, as a CUDA graph needs), else through
+        the other buffer."""
+        rows = index.size(0)
+        if pinned and rows == self.buf.size(3):
+            self.buf[:steps] = self.buf[:steps].index_select(3, index)
+            return
+        if self.buf.requires_grad:  # out= records no gradients: select into a new buffer
+            self.buf, self.stores = self.buf[:steps].index_select(3, index), [None, None]
+            self._point()
+            return
+        other = self.stores[1]
+        if other is None or other.size(3) < rows:
+            shape = list(self.buf.shape)
+            shape[3] = rows
+            other = self.buf.new_zeros(shape) if self.zeros else self.buf.new_empty(shape)
+        target = other[:, :, :, :rows]  # (capacity, layers, 2, rows, Hkv, Dh)
+        torch.index_select(self.buf[:steps], 3, index, out=target[:steps])
+        self.buf, self.stores = target, [other, self.stores[0]]
+        self._point()
+
+
+def _slabs(
+    caches: list[KVCache], shapes: list[tuple[int, int]], rows: int, steps: int, like: Tensor,
+    zeros: bool = False,
+) -> list[_Slab]:  # fmt: skip
+    """Buffers of ``steps`` steps for ``caches`` whose (Hkv, Dh) are ``shapes``, one per shape;
+    ``zeros``: filled with zeros (a masked key must hold no NaN: 0 x NaN is NaN)."""
+    slabs = []
+    for shape in dict.fromkeys(shapes):
+        group = [c for c, s in zip(caches, shapes, strict=True) if s == shape]
+        new = like.new_zeros if zeros else like.new_empty
+        slabs.append(_Slab(group, new(steps, len(group), 2, rows, *shape), zeros))
+    return slabs
+
+
 @dataclass
 class DecoderCache:
     """Everything the decoder needs between steps, made by ``Transformer.init_cache``.
 
-    Per decoder layer: the self-attention cache (grows one step per call) and the cross-attention
-    cache (the encoder output's keys and values, computed once). With a cache the decoder needs no
-    encoder output: the source padding mask lives here too, so ``reorder`` keeps them in step.
+    Per decoder layer: the self-attention cache (one step written per call) and the
+    cross-attention cache (the encoder output's keys and values, computed once, with the source
+    padding as an additive mask, built once). With a cache the decoder needs no encoder output.
+
+    With a ``capacity`` (the most steps the search will take) the self-attention buffers of all
+    layers are allocated once and reordered together. ``static`` (which needs a capacity): every
+    step reads all of it behind a length mask and writes at the device position ``position``,
+    so that its shapes and addresses never change (CUDA graphs); :meth:`advance` counts the
+    steps taken.
 
     Beam search calls ``expand_beams(k)`` after its first step: each row then becomes ``k``
     consecutive decoder rows (its beams), and the cross-attention keys/values stay at one copy per
@@ -93,31 +194,90 @@ class DecoderCache:
 
     self_attn: list[KVCache]
     cross_attn: list[KVCache]
-    memory_pad_mask: Tensor | None  # (B, S), True at source padding
     beams: int = 1  # decoder rows per source row
+    position: Tensor | None = None  # (1,) static: the position of the step being decoded
+    pinned: bool = False  # reorders keep the buffers' addresses (a CUDA graph reads them)
+    _self_slabs: list[_Slab] = field(default_factory=list)
+    _cross_slabs: list[_Slab] = field(default_factory=list)
+    _steps_bias: Tensor | None = None  # (capacity, capacity) static: row t masks keys after t
 
     @classmethod
-    def empty(cls, num_layers: int, memory_pad_mask: Tensor | None) -> DecoderCache:
-        return cls(
-            [KVCache() for _ in range(num_layers)],
-            [KVCache() for _ in range(num_layers)],
-            memory_pad_mask,
-        )
+    def empty(
+        cls,
+        cross_kv: list[tuple[Tensor, Tensor]],
+        memory_pad_mask: Tensor | None,
+        self_shapes: list[tuple[int, int]],
+        capacity: int | None = None,
+        static: bool = False,
+    ) -> DecoderCache:
+        """A cache over each layer's cross-attention keys and values (B, Hkv, S, Dh), whose
+        self-attention caches hold ``self_shapes``' (Hkv, Dh) per layer."""
+        if static and capacity is None:
+            raise ValueError("a static cache needs a capacity")
+        like = cross_kv[0][0]
+        rows, S = like.size(0), like.size(2)
+        cross = [KVCache() for _ in cross_kv]
+        cross_slabs = _slabs(cross, [(k.size(1), k.size(3)) for k, _ in cross_kv], rows, S, like)
+        for cache, (k, v) in zip(cross, cross_kv, strict=True):
+            cache.append(k, v)
+        if memory_pad_mask is not None:
+            bias = padding_bias(memory_pad_mask, like.dtype)  # (B, 1, 1, S)
+            for cache in cross:
+                cache.bias = bias
+        caches = [KVCache(capacity=capacity) for _ in self_shapes]
+        cache = cls(caches, cross, _cross_slabs=cross_slabs)
+        if capacity is not None:
+            cache._self_slabs = _slabs(caches, self_shapes, rows, capacity, like, static)
+        if static:
+            cache.position = torch.zeros(1, dtype=torch.long, device=like.device)
+            cache._steps_bias = positions_bias(capacity, like.dtype, like.device)
+            for c in caches:
+                c.position = cache.position
+        return cache
 
     @property
     def offset(self) -> int:
         """Target positions decoded so far: the position of the next token."""
         return self.self_attn[0].length
 
+    @property
+    def static(self) -> bool:
+        return self.position is not None
+
+    def step_positions(self, steps: int) -> int | Tensor:
+        """The position of this call's first new token, for the embedding: the host offset, or
+        (static, one step) the device position, with the step's length mask set on every
+        self-attention cache (one ``index_select``, inside a graph)."""
+        if not self.static:
+            return self.offset
+        if steps != 1:
+            raise ValueError("a static cache decodes one step a call")
+        bias = self._steps_bias.index_select(0, self.position)[:, None, None]  # (1, 1, 1, T)
+        for cache in self.self_attn:
+            cache.bias = bias
+        return self.position
+
+    def advance(self) -> None:
+        """Static: count the step just decoded (its keys and values are written)."""
+        for cache in self.self_attn:
+            cache.length += 1
+
     def expand_beams(self, k: int) -> None:
         """Let each row become ``k`` consecutive rows, its sentence's beams (once)."""
         if self.beams != 1:
             raise ValueError("expand_beams comes once")
-        for cache in self.self_attn:
-            if cache.length and k > 1:
-                rows = torch.arange(cache.batch_size, device=cache.k.device)
-                cache.reorder(rows.repeat_interleave(k))
+        if self.offset and k > 1:
+            rows = torch.arange(self.self_attn[0].batch_size, device=self.cross_attn[0].k.device)
+            self._reorder_rows(rows.repeat_interleave(k))
         self.beams = k
+
+    def _reorder_rows(self, index: Tensor) -> None:
+        if self._self_slabs:
+            for slab in self._self_slabs:
+                slab.reorder(index, self.offset, self.pinned)
+        else:
+            for cache in self.self_attn:
+                cache.reorder(index)
 
     def reorder(self, index: Tensor, sentences: Tensor | None = None) -> None:
         """Keep decoder rows ``index`` (N',) in that order.
@@ -126,13 +286,15 @@ class DecoderCache:
         beams, rows must stay within their sentence's block; ``sentences`` (B',) are the sentences
         kept, in the order of their blocks in ``index`` (None: all of them, in order).
         """
-        for cache in self.self_attn:
-            cache.reorder(index)
+        self._reorder_rows(index)
         if self.beams == 1:
             sentences = index
         if sentences is None:
             return
-        for cache in self.cross_attn:
-            cache.reorder(sentences)
-        if self.memory_pad_mask is not None:
-            self.memory_pad_mask = self.memory_pad_mask.index_select(0, sentences)
+        for slab in self._cross_slabs:
+            slab.reorder(sentences, slab.buf.size(0), self.pinned)
+        bias = self.cross_attn[0].bias
+        if bias is not None:
+            bias = bias.index_select(0, sentences)
+            for cache in self.cross_attn:
+                cache.bias = bias

@@ -180,7 +180,7 @@ class Decoder(nn.Module):
         # Built once for all layers; cached steps take the cache's pad mask, keys and values.
         memory_mask, kvs = None, [None] * len(self.layers)
         if cache is not None:
-            memory_pad_mask = cache.memory_pad_mask
+            memory_pad_mask = None  # the cross-attention caches carry the source padding's mask
         else:
             kvs = self.memory_kv(memory)
             if memory_pad_mask is not None:

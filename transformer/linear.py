@@ -16,6 +16,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from transformer import kernels
+
 
 def _onednn_available() -> bool:
     return torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_linear_pointwise")
@@ -31,7 +33,7 @@ def _onednn_linear(x: Tensor, weight: Tensor, bias: Tensor | None) -> Tensor:
 def _takes_onednn(x: Tensor, weight: Tensor) -> bool:
     return (
         ONEDNN
-        and x.device.type == "cpu"
+        and kernels.cpu_kernels(x)
         and x.dtype == weight.dtype == torch.float32
         and weight.numel() > 0
         and not torch.compiler.is_compiling()

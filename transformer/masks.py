@@ -18,6 +18,9 @@ A query row with no allowed key produces a zero output and zero weights, never N
 A layer stack turns its padding once per batch into the form the kernels take,
 :func:`padding_bias`, and hands that to every layer, rather than each layer building ``allowed``
 and SDPA turning it into an additive mask again at every call.
+
+Decoding builds its masks once (the source padding once per batch, the self-attention length mask
+once per step, for every layer) in the same additive form: its caches carry them.
 """
 
 from __future__ import annotations
@@ -77,3 +80,10 @@ def attention_allowed(
         c = causal_allowed(tq, tk, offset, device)  # (Tq, Tk)
         allowed = c if allowed is None else allowed & c
     return allowed
+
+
+def positions_bias(steps: int, dtype: torch.dtype, device: torch.device | None = None) -> Tensor:
+    """(T, T) additive mask of ``dtype`` whose row t lets a query at position t see keys 0..t:
+    a decoding step's length mask, where the cache holds T positions."""
+    bias = torch.zeros(steps, steps, dtype=dtype, device=device)
+    return bias.masked_fill_(~causal_allowed(steps, steps, device=device), torch.finfo(dtype).min)

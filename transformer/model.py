@@ -64,12 +64,25 @@ class Transformer(nn.Module):
         weights = attention.encoder_self if attention is not None else None
         return self.encoder(self.src_embed(src), src_pad_mask, weights)
 
-    def init_cache(self, memory: Tensor, memory_pad_mask: Tensor | None) -> DecoderCache:
-        """A cache for incremental decoding with every layer's cross-attention K/V computed now."""
-        cache = DecoderCache.empty(self.cfg.num_decoder_layers, memory_pad_mask)
-        for layer, cross in zip(self.decoder.layers, cache.cross_attn, strict=True):
-            cross.append(*layer.cross_attn.project_kv(memory))
-        return cache
+    def init_cache(
+        self,
+        memory: Tensor,
+        memory_pad_mask: Tensor | None,
+        capacity: int | None = None,
+        static: bool = False,
+    ) -> DecoderCache:
+        """A cache for incremental decoding with every layer's cross-attention K/V computed now,
+        and the source padding's mask. ``capacity``: the most target positions the decoding
+        will feed (its self-attention buffers are then allocated once); ``static``: every step
+        the same shapes (see :class:`DecoderCache`)."""
+        layers = self.decoder.layers
+        cross_kv = [layer.cross_attn.project_kv(memory) for layer in layers]
+        shapes = [(layer.self_attn.num_kv_heads, layer.self_attn.head_dim) for layer in layers]
+        if capacity is not None and capacity > self.cfg.max_positions:
+            raise ValueError(
+                f"a cache of {capacity} positions, beyond max_positions={self.cfg.max_positions}"
+            )
+        return DecoderCache.empty(cross_kv, memory_pad_mask, shapes, capacity, static)
 
     def decode(
         self,
@@ -87,10 +100,11 @@ class Transformer(nn.Module):
         Without a cache: ``tgt`` is the whole (right-padded) decoder input and ``memory`` the
         encoder output. With a cache from :meth:`init_cache`: ``tgt`` holds only the new steps,
         positions continue from ``cache.offset``, and memory and its mask come from the cache.
+        A static cache takes one step a call, at its device position (no host value is read).
         """
         if cache is None and memory is None:
             raise ValueError("decode needs the encoder output `memory`, or a cache from init_cache")
-        offset = cache.offset if cache is not None else 0
+        offset = cache.step_positions(tgt.size(1)) if cache is not None else 0
         self_w, cross_w = (attention.decoder_self, attention.cross) if attention else (None, None)
         x = self.decoder(
             self.tgt_embed(tgt, offset), memory, memory_pad_mask, cache, self_w, cross_w

@@ -7,8 +7,11 @@ remain (fairseq's rule). A sentence is done when it holds ``beam_size`` finished
 reaches its maximum length, ``max_len_a * source_length + max_len_b`` tokens before eos; its rows
 then leave the batch (its cache rows too), so the remaining sentences decode alone. The first step
 runs one row per sentence (its K beams would be K copies), the later ones K. The only host
-synchronisation per step reads how many sentences are done; nothing is copied from the host in the
-loop: the ids it bans are index tensors made before it.
+synchronisation reads how many sentences are done: every step on the CPU, every ``sync_every``
+steps elsewhere, where done sentences wait frozen (their live beams at -inf) and then leave into
+one of a few batch sizes (``transformer.decoding.step.batch_size``), filled with padding
+sentences whose hypotheses are dropped. Nothing is copied from the host in the loop: the ids it
+bans are index tensors made before it.
 """
 
 from __future__ import annotations
@@ -24,8 +27,11 @@ from transformer.decoding.step import (
     Stepper,
     as_ensemble,
     ban_repeated_ngrams,
+    batch_size,
     evaluating,
     sentence_max_lengths,
+    sync_interval,
+    use_graphs,
 )
 from transformer.masks import padding_mask
 
@@ -60,11 +66,13 @@ def beam_search(
     min_len, len_penalty = options.min_len, options.len_penalty
     max_len = sentence_max_lengths(models, src_pad_mask, options, max_lengths)
     L = int(max_len.max()) + 1  # steps, eos included
-    out_scores = torch.full((B, K), float("-inf"), device=device)
-    out_tokens = torch.full((B, K, L), pad_id, device=device)
+    every = sync_interval(options, src)
+    # Row B takes the hypotheses of the padding sentences of a batch (dropped at the end).
+    out_scores = torch.full((B + 1, K), float("-inf"), device=device)
+    out_tokens = torch.full((B + 1, K, L), pad_id, device=device)
 
     with evaluating(*models):
-        stepper = Stepper(models, src, src_pad_mask, use_cache)
+        stepper = Stepper(models, src, src_pad_mask, use_cache, L, use_graphs(options, device))
         # The n unfinished sentences, each with k live prefixes (1 at first, then K) in
         # consecutive rows, and its K best finished hypotheses so far.
         sentence = torch.arange(B, device=device)  # (n,) their rows in the output
@@ -73,6 +81,8 @@ def beam_search(
         fin_scores = torch.full((B, K), float("-inf"), device=device)
         fin_tokens = torch.full((B, K, L), pad_id, device=device)
         order = torch.arange(2 * K, device=device)
+        order_eos = order + 2 * K  # an eos candidate ranks after every other
+        first_rows = torch.arange(B, device=device).unsqueeze(1)  # (n, 1) k * its first row
         never = torch.tensor([pad_id, bos_id], device=device)  # ids never generated
         too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
 
@@ -88,7 +98,7 @@ def beam_search(
             last = t >= max_len  # (n,) at its length limit a sentence can only end
             eos_scores = lprobs[..., eos_id] + scores  # (n, k) its candidates then
             # The others draw from every token; a sentence at its limit from its beams' eos.
-            lprobs.add_(torch.where(last.unsqueeze(1), float("-inf"), scores).unsqueeze(-1))
+            lprobs.add_(scores.masked_fill(last.unsqueeze(1), float("-inf")).unsqueeze(-1))
             cand_scores, cand = lprobs.view(n, k * V).topk(2 * K, dim=1)
             cand_beam, cand_tok = cand // V, cand % V  # (n, 2K)
             at_limit, pad = last.unsqueeze(1), (0, 2 * K - k)
@@ -104,7 +114,7 @@ def beam_search(
             cand_seq = torch.cat([history, cand_tok.unsqueeze(-1)], dim=-1)  # (n, 2K, t + 1)
 
             # Finish the eos candidates among the top K, merged with the finished so far.
-            finishing = cand_tok[:, :K].eq(eos_id) & cand_scores[:, :K].isfinite()
+            finishing = cand_tok[:, :K].eq(eos_id) & cand_scores[:, :K].gt(float("-inf"))
             normalised = cand_scores[:, :K] / (t + 1) ** len_penalty
             fin_scores, pick = torch.cat(
                 [fin_scores, normalised.masked_fill(~finishing, float("-inf"))], dim=1
@@ -116,36 +126,50 @@ def beam_search(
 
             # Continue with the best K candidates that did not end in eos.
             is_eos = cand_tok.eq(eos_id)
-            live = torch.where(is_eos, order + 2 * K, order).topk(K, dim=1, largest=False).indices
+            live = torch.where(is_eos, order_eos, order).topk(K, dim=1, largest=False).indices
             scores = cand_scores.gather(1, live)  # (n, K)
-            rows = k * torch.arange(n, device=device).unsqueeze(1) + cand_beam.gather(1, live)
+            rows = first_rows + cand_beam.gather(1, live)
             prefixes = torch.cat([prefixes[rows.view(-1)], cand_tok.gather(1, live).view(-1, 1)], 1)
             if t == 0:  # the first step: each sentence's row becomes its K beams' rows
                 stepper.expand_beams(K)
                 rows = torch.arange(n * K, device=device).view(n, K)
+                first_rows = rows[:, :1]
 
-            # A sentence with K finished hypotheses, or at its length limit, is done: its
-            # hypotheses go to the output and its rows leave the batch.
-            done = fin_scores[:, -1].isfinite() | last  # (n,)
-            n_done = int(done.sum())  # the one host synchronisation of a step
-            if n_done == 0:
+            # A sentence with K finished hypotheses, or at its length limit, is done. Read
+            # between steps, a done sentence waits, frozen: none of its beams can finish.
+            done = fin_scores[:, -1].gt(float("-inf")) | last  # (n,)
+            if every > 1:
+                scores.masked_fill_(done.unsqueeze(1), float("-inf"))
+            read = every == 1 or t in (0, L - 1) or (t + 1) % every == 0
+            n_done = int(done.sum()) if read else 0  # the host synchronisation
+            if n_done == n:
+                break
+            size = batch_size(n - n_done, every) if read else n
+            if size == n:  # the batch keeps its rows
                 if t > 0 and K > 1:  # (one beam: the rows stay as they are)
                     stepper.reorder(rows.view(-1))
                 continue
-            # Index tensors of sizes known on the host: no boolean masks, no further syncs.
+            # Done sentences leave: their hypotheses go to the output, the others to a batch of
+            # `size` sentences. Index tensors of sizes known on the host: no boolean masks.
             finished = done.nonzero_static(size=n_done).squeeze(1)  # (n_done,)
             out_scores[sentence[finished]] = fin_scores[finished]
             out_tokens[sentence[finished]] = fin_tokens[finished]
-            if n_done == n:
-                break
-            keep = (~done).nonzero_static(size=n - n_done).squeeze(1)  # (n',)
+            n_live = n - n_done
+            keep = (~done).nonzero_static(size=n_live).squeeze(1)  # (n_live,)
+            if size > n_live:  # padding sentences, copies of the first
+                keep = torch.cat([keep, keep[:1].expand(size - n_live)])  # (size,)
             stepper.reorder(rows[keep].view(-1), sentences=keep)
             sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
             prefixes = prefixes.view(n, K, t + 2)[keep].view(-1, t + 2)
+            first_rows = K * torch.arange(size, device=device).unsqueeze(1)
+            if size > n_live:  # padding sentences: done from the start, their output dropped
+                sentence[n_live:], max_len[n_live:], scores[n_live:] = B, -1, float("-inf")
+        out_scores[sentence] = fin_scores  # the sentences done at the last step
+        out_tokens[sentence] = fin_tokens
 
     nbest = options.nbest
-    return _hypotheses(out_scores[:, :nbest].cpu(), out_tokens[:, :nbest].cpu(), eos_id)
+    return _hypotheses(out_scores[:B, :nbest].cpu(), out_tokens[:B, :nbest].cpu(), eos_id)
 
 
 def _hypotheses(scores: Tensor, tokens: Tensor, eos_id: int) -> list[list[Hypothesis]]:

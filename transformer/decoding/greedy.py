@@ -4,7 +4,9 @@ sampling (:mod:`transformer.decoding.sampling`).
 Length rules are beam search's: a sentence gets between ``min_len`` and
 ``max_len_a * src_len + max_len_b`` tokens before its eos (its own source length, without padding;
 capped by the model's positions), eos being forced at the limit; bos and pad are never produced.
-As in beam search, the one host synchronisation of a step reads how many sentences finished.
+As in beam search, the one host synchronisation reads how many sentences finished (every
+``sync_every`` steps off the CPU; rows past their eos wait until then, adding nothing), and
+finished rows leave the batch.
 """
 
 from __future__ import annotations
@@ -21,12 +23,16 @@ from transformer.decoding.step import (
     Stepper,
     as_ensemble,
     ban_repeated_ngrams,
+    batch_size,
     evaluating,
     sentence_max_lengths,
+    sync_interval,
+    use_graphs,
 )
 from transformer.masks import padding_mask
 
-# (lprobs (n, V), the live rows' indices in the batch (n,), tokens generated so far) -> (n,) ids
+# (lprobs (n, V), the rows' indices in the batch (n,), tokens generated so far) -> (n,) ids; a
+# batch of B rows may hold padding rows, index B, whose tokens are ignored
 TokenChoice = Callable[[Tensor, Tensor, int], Tensor]
 
 
@@ -82,31 +88,46 @@ def decode_rows(
         src_pad_mask = padding_mask(src, pad_id)
     max_len = sentence_max_lengths(models, src_pad_mask, options, max_lengths)
     B, steps = src.size(0), int(max_len.max()) + 1
-    out = torch.full((B, steps), pad_id, device=src.device)
-    total = torch.zeros(B, device=src.device)  # (B,) log-probability so far
+    every, device = sync_interval(options, src), src.device
+    out = torch.full((B + 1, steps), pad_id, device=device)  # row B: padding rows' tokens
+    total = torch.zeros(B + 1, device=device)  # (B + 1,) log-probability so far
     with evaluating(*models):
-        stepper = Stepper(models, src, src_pad_mask, use_cache)
-        sentence = torch.arange(B, device=src.device)  # (n,) the unfinished ones' rows in `out`
-        prefixes = torch.full((B, 1), bos_id, device=src.device)  # (n, t + 1)
-        never = torch.tensor([pad_id, bos_id], device=src.device)  # ids never generated
-        too_soon = torch.tensor([pad_id, bos_id, eos_id], device=src.device)  # before min_len
+        stepper = Stepper(models, src, src_pad_mask, use_cache, steps, use_graphs(options, device))
+        sentence = torch.arange(B, device=device)  # (n,) the unfinished ones' rows in `out`
+        prefixes = torch.full((B, 1), bos_id, device=device)  # (n, t + 1)
+        never = torch.tensor([pad_id, bos_id], device=device)  # ids never generated
+        too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
+        ended = torch.zeros(B, dtype=torch.bool, device=device)  # (n,) past eos (sync_every > 1)
         for t in range(steps):  # t tokens generated so far
             lprobs = stepper.log_probs(prefixes)  # (n, V)
             lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
             lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], options.no_repeat_ngram_size)
             token = choose(lprobs, sentence, t).masked_fill(t >= max_len, eos_id)  # (n,)
+            gain = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (n,)
+            if every > 1:  # a row past its eos waits for the next read, adding nothing
+                token, gain = token.masked_fill(ended, pad_id), gain.masked_fill(ended, 0.0)
             out[sentence, t] = token
-            total[sentence] += lprobs.gather(1, token.unsqueeze(1)).squeeze(1)
+            total[sentence] += gain
             prefixes = torch.cat([prefixes, token.unsqueeze(1)], dim=1)
-            n, n_done = token.size(0), int(token.eq(eos_id).sum())  # the step's one sync
+            ended = ended | token.eq(eos_id) if every > 1 else token.eq(eos_id)
+            read = every == 1 or t in (0, steps - 1) or (t + 1) % every == 0
+            n = token.size(0)
+            n_done = int(ended.sum()) if read else 0  # the host synchronisation
             if n_done == n:
                 break
-            if n_done:  # finished rows leave the batch
-                keep = token.ne(eos_id).nonzero_static(size=n - n_done).squeeze(1)  # (n',)
+            size = batch_size(n - n_done, every) if read else n
+            if size != n:  # finished rows leave the batch, the others fill one of `size` rows
+                n_live = n - n_done
+                keep = ended.logical_not().nonzero_static(size=n_live).squeeze(1)  # (n_live,)
+                if size > n_live:  # padding rows, copies of the first
+                    keep = torch.cat([keep, keep[:1].expand(size - n_live)])  # (size,)
                 stepper.reorder(keep)
                 sentence, prefixes, max_len = sentence[keep], prefixes[keep], max_len[keep]
+                ended = ended[keep]
+                if size > n_live:  # past eos from the start, their tokens in row B
+                    sentence[n_live:], ended[n_live:] = B, True
     hyps = []
-    for row, score in zip(out[:, : t + 1].tolist(), total.tolist(), strict=True):
+    for row, score in zip(out[:B, : t + 1].tolist(), total[:B].tolist(), strict=True):
         length = row.index(eos_id)
         hyps.append(Hypothesis(row[:length], score / (length + 1) ** options.len_penalty))
     return hyps

@@ -40,6 +40,9 @@ class DecodeOptions:
     alignment: bool = False  # input=...: append "<TAB>src-tgt ..." word alignments
     alignment_layer: int = -1  # the decoder layer whose cross-attention aligns (-1 = last)
     alignment_head: int | None = None  # its head that aligns (None = the mean of its heads)
+    # How the search runs, not what it finds (BENCHMARKS.md, "Decoding at static shapes"):
+    graphs: bool | None = None  # each cached step a CUDA graph; None: on a GPU (not under autocast)
+    sync_every: int = 0  # steps between reads of how many sentences are done; 0: 1 on CPU, 8 else
     prefix: InitVar[str] = "decode"
     strategies: InitVar[Sequence[str]] = STRATEGIES
 
@@ -62,6 +65,7 @@ class DecodeOptions:
             ("top_p", False, None),
             ("seed", True, 0),
             ("alignment_layer", True, None),
+            ("sync_every", True, 0),
         ):
             value = getattr(self, name)
             kinds = int if integer else (int, float)
@@ -82,6 +86,10 @@ class DecodeOptions:
                 raise ConfigError(
                     f"{prefix}.{name} must be true or false, got {getattr(self, name)!r}"
                 )
+        if self.graphs is not None and not isinstance(self.graphs, bool):
+            raise ConfigError(
+                f"{prefix}.graphs must be true, false or null (on a GPU), got {self.graphs!r}"
+            )
         head = self.alignment_head
         if head is not None and (isinstance(head, bool) or not isinstance(head, int) or head < 0):
             raise ConfigError(

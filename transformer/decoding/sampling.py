@@ -113,6 +113,7 @@ def sample(
         if max_lengths is not None:
             max_lengths = max_lengths.repeat_interleave(N)
     states = streams(options.seed, sentences, samples)
+    states = torch.cat([states, states[:1]])  # row B * N: a padding row's (its tokens ignored)
 
     def draw(lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
         u = uniforms(states[rows], t)

@@ -1,24 +1,40 @@
 """One decoding step for a batch of prefixes, with or without the KV cache, for one model or an
-ensemble, and the rules every search applies at each step: output length limits, banned n-grams.
+ensemble, and the rules every search applies at each step: output length limits, banned n-grams,
+how often the host reads the device and the batch sizes sentences decode in.
 
 Searches (greedy, beam, sampling) see only :class:`Stepper`: ``log_probs(prefixes)`` gives the
 next-token log-probabilities of each row and ``reorder(index)`` keeps the rows that survive, so the
 cached and the uncached paths are interchangeable (and compared in tests and benchmarks), and so
 are one model and an ensemble.
+
+Off the CPU (``transformer.kernels``) a cached step has static shapes: its cache is allocated
+once at the batch's most steps and read behind a length mask, finished sentences leave the batch
+only every ``sync_every`` steps, into a few batch sizes (:func:`batch_size`), and each size's
+step is a CUDA graph (:mod:`transformer.decoding.graphs`). On the CPU, where a host read costs
+nothing and every row costs its arithmetic, sentences leave as soon as they finish.
 """
 
 from __future__ import annotations
 
+import functools
+import logging
 import math
 from collections.abc import Iterator, Sequence
-from contextlib import ExitStack, contextmanager
+from contextlib import AbstractContextManager, ExitStack, contextmanager, nullcontext
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor, nn
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer import kernels
+from transformer.decoding.graphs import GraphedStep
 from transformer.decoding.options import DecodeOptions
+from transformer.errors import ConfigError
+from transformer.kv_cache import DecoderCache
 from transformer.model import Transformer
+
+log = logging.getLogger(__name__)
 
 Models = Transformer | Sequence[Transformer]  # one model, or an ensemble
 
@@ -107,6 +123,65 @@ def evaluating(*models: nn.Module) -> Iterator[None]:
         yield
 
 
+def sync_interval(options: DecodeOptions, src: Tensor) -> int:
+    """Steps between the host's reads of how many sentences are done (``sync_every``; 0: every
+    step on the CPU, where a read costs nothing and a finished sentence should leave at once;
+    every 8 steps elsewhere, where each read waits for the device)."""
+    if options.sync_every:
+        return options.sync_every
+    return 1 if kernels.cpu_kernels(src) else 8
+
+
+def batch_size(live: int, every: int) -> int:
+    """The rows ``live`` sentences decode in: ``live`` when the host reads every step; else the
+    smallest of 1..8 and 2**e x (1, 1.25, 1.5, 1.75) that holds them, so that the same few sizes
+    (each its CUDA graph) come back step after step, at most 25% of rows spare."""
+    if every == 1 or live <= 8:
+        return live
+    quarter = 2 ** (live.bit_length() - 1) // 4
+    return -(-live // quarter) * quarter
+
+
+def use_graphs(options: DecodeOptions, device: torch.device) -> bool:
+    """Whether cached steps replay CUDA graphs: ``options.graphs``, or (None) on a GPU, outside
+    autocast (whose weight casts a graph would freeze)."""
+    if options.graphs is not None and options.graphs and device.type != "cuda":
+        raise ConfigError(
+            "decode.graphs=true: CUDA graphs need a GPU; set it to null (on a GPU only) or false"
+        )
+    if torch.is_autocast_enabled(device.type):
+        return False
+    return device.type == "cuda" if options.graphs is None else options.graphs
+
+
+def backend(x: Tensor, dtype: torch.dtype, graphs: bool) -> str:
+    """How a cached step runs on ``x``'s device with weights of ``dtype``: logged once (debug),
+    recorded in evaluate.py's metrics.json, printed by bench_decode."""
+    name = f"decoding on {x.device.type} in {str(dtype).removeprefix('torch.')}"
+    if kernels.cpu_kernels(x):
+        return f"{name}: oneDNN linear layers, attention steps as two batched products"
+    return (
+        f"{name}: SDPA's memory-efficient attention kernel (flash where it takes the call), "
+        f"static shapes, CUDA graphs {'on' if graphs else 'off'}"
+    )
+
+
+@functools.cache
+def _announce(message: str) -> None:
+    log.debug(message)  # (INFO would reach evaluate.py's stdout, where translations go)
+
+
+def attention_kernel(x: Tensor) -> AbstractContextManager:
+    """The attention kernel of a decoding step off the CPU, chosen here rather than per shape:
+    SDPA's memory-efficient kernel, which takes additive masks in float32, bf16 and fp16; flash
+    (no mask, no float32: a cross-attention step without source padding, in half precision; and
+    the fused CPU kernel), then the math kernel. Not cuDNN's, which builds a plan per shape."""
+    if kernels.cpu_kernels(x):
+        return nullcontext()
+    backends = [SDPBackend.EFFICIENT_ATTENTION, SDPBackend.FLASH_ATTENTION, SDPBackend.MATH]
+    return sdpa_kernel(backends, set_priority=True)
+
+
 class Stepper:
     """Next-token log-probabilities of ``models`` for prefixes of ``src`` rows: one model's, or
     an ensemble's mean of probabilities (:func:`mean_probabilities`), each model with its own
@@ -114,16 +189,35 @@ class Stepper:
 
     With ``use_cache`` the encoder output's cross-attention K/V are computed once and each call
     feeds only the newest token; without it every call re-runs the decoder over the whole prefix.
+    ``steps``: the most calls the search will make, the capacity of the cache (allocated once);
+    off the CPU its shapes are then static, and with ``graphs`` each step replays a CUDA graph.
     """
 
     def __init__(
-        self, models: Models, src: Tensor, src_pad_mask: Tensor, use_cache: bool = True
+        self,
+        models: Models,
+        src: Tensor,
+        src_pad_mask: Tensor,
+        use_cache: bool = True,
+        steps: int | None = None,
+        graphs: bool = False,
     ) -> None:
         self.models = as_ensemble(models)
         self.memory = [m.encode(src, src_pad_mask) for m in self.models]  # each (B, S, D)
         self.memory_pad_mask = src_pad_mask
-        pairs = zip(self.models, self.memory, strict=True)
-        self.caches = [m.init_cache(mem, src_pad_mask) for m, mem in pairs] if use_cache else None
+        self.caches, self.graphs = None, None
+        if use_cache:
+            static = steps is not None and not kernels.cpu_kernels(src)
+            pairs = zip(self.models, self.memory, strict=True)
+            self.caches = [m.init_cache(mem, src_pad_mask, steps, static) for m, mem in pairs]
+            _announce(backend(src, self.memory[0].dtype, static and graphs))
+            if static and graphs:
+                self.graphs = []
+                for model, cache in zip(self.models, self.caches, strict=True):
+                    cache.pinned = True
+                    self.graphs.append(
+                        GraphedStep(functools.partial(cached_step, model, cache=cache))
+                    )
 
     def expand_beams(self, k: int) -> None:
         """Make ``k`` consecutive rows (beams) of every row: beam search after its first step.
@@ -134,6 +228,8 @@ class Stepper:
         if self.caches is not None:
             for cache in self.caches:
                 cache.expand_beams(k)
+            for graph in self.graphs or []:
+                graph.reset()
         else:
             rows = torch.arange(self.memory_pad_mask.size(0), device=self.memory_pad_mask.device)
             self.reorder(rows.repeat_interleave(k))
@@ -143,7 +239,13 @@ class Stepper:
         With beams, ``sentences`` (B',) are the sentences kept when some leave (see
         ``DecoderCache.reorder``)."""
         if self.caches is not None:
-            for cache in self.caches:
+            for i, cache in enumerate(self.caches):
+                if self.graphs is not None and (
+                    cache.beams == 1
+                    or sentences is not None
+                    or index.size(0) != cache.self_attn[0].batch_size
+                ):  # the cache's buffers move: the graph of the next size comes next
+                    self.graphs[i].reset()
                 cache.reorder(index, sentences)
         else:
             self.memory = [mem.index_select(0, index) for mem in self.memory]
@@ -152,15 +254,28 @@ class Stepper:
     def log_probs(self, prefixes: Tensor) -> Tensor:
         """prefixes (N, t), bos first, the same t for all rows -> (N, V) log-probabilities."""
         lprobs = []
-        for i, model in enumerate(self.models):
-            if self.caches is not None:
+        with attention_kernel(prefixes):
+            for i, model in enumerate(self.models):
+                if self.caches is None:
+                    logits = model.decode(prefixes, self.memory[i], self.memory_pad_mask)
+                    lprobs.append(torch.log_softmax(logits[:, -1].float(), dim=-1))
+                    continue
                 cache = self.caches[i]
                 if cache.offset != prefixes.size(1) - 1:
                     raise ValueError(
                         "the cache holds a different number of steps than the prefixes"
                     )
-                logits = model.decode(prefixes[:, -1:], cache=cache)  # (N, 1, V)
-            else:
-                logits = model.decode(prefixes, self.memory[i], self.memory_pad_mask)  # (N, t, V)
-            lprobs.append(torch.log_softmax(logits[:, -1].float(), dim=-1))
+                if cache.static:
+                    cache.position.fill_(cache.offset)
+                if self.graphs is not None:
+                    lprobs.append(self.graphs[i](prefixes[:, -1:]))
+                else:
+                    lprobs.append(cached_step(model, prefixes[:, -1:], cache))
+                if cache.static:
+                    cache.advance()
         return mean_probabilities(lprobs)
+
+
+def cached_step(model: Transformer, tokens: Tensor, cache: DecoderCache) -> Tensor:
+    """tokens (N, 1) after the cached steps -> (N, V) float32 log-probabilities."""
+    return torch.log_softmax(model.decode(tokens, cache=cache)[:, -1].float(), dim=-1)
