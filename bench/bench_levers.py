@@ -212,6 +212,8 @@ def train_levers(levers: list[str], data: Path, args: argparse.Namespace) -> dic
                 state["rc"] = proc.returncode
                 state["train_wall_s"] = round(state["train_wall_s"] + time.monotonic() - began, 1)
                 state["calls"] += 1
+                # (a run stopped before train.py made its directory has none yet)
+                (args.out / lever).mkdir(parents=True, exist_ok=True)
                 (args.out / lever / "bench.json").write_text(json.dumps(state) + "\n")
                 del running[lever]
         if args.deadline and not stopping and time.monotonic() - start > args.deadline:

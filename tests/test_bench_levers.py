@@ -146,7 +146,7 @@ def test_gpu_mode_trains_side_by_side_stops_at_the_deadline_and_resumes(tmp_path
     args = ["--gpu", "--dry-run", "--parallel", "2", "--levers", "recipe,invsqrt"]
     args += ["--out", str(tmp_path)]
     # a deadline long before 10**6 steps: both stop (SIGTERM), keep last.ckpt, and go unscored
-    stopped = main([*args, "--steps", str(10**6), "--deadline", "12"])
+    stopped = main([*args, "--steps", str(10**6), "--deadline", "30"])
     assert all(not r["finished"] and r["scores"] == {} and r["calls"] == 1 for r in stopped)
     assert any(r["updates"] for r in stopped)  # (a run still starting up has no last.ckpt)
     # the same command with a reachable budget resumes each from its last.ckpt, then scores it

@@ -121,7 +121,9 @@ def test_budget_schedule_needs_an_end_of_training_and_names_the_fix(tmp_path):
         validate_config(
             compose_cfg(["optim=adamw_wsd", "optim.scheduler.cooldown=0", "trainer.max_steps=9"])
         )
-    with pytest.raises(ConfigError, match=r"optim.scheduler.shape='step'; choose one of linear"):
+    with pytest.raises(
+        ConfigError, match=r"optim.scheduler.shape=step: expected one of linear, cosine, wsd"
+    ):
         validate_config(compose_cfg(["optim=adamw_cosine", "optim.scheduler.shape=step"]))
     validate_config(compose_cfg(["optim=adamw_cosine", "experiment=multi30k_en_de_cpu"]))
 

@@ -81,10 +81,10 @@ def iter_line_blocks(path: str | os.PathLike) -> Iterator[list[str]]:
     not gzip or ends early, raises :class:`DataError` naming it."""
     origin = "input=-" if str(path) == "-" else str(path)
     try:
-        f = _open_input(path)
+        opened = _open_input(path)
     except OSError as err:
         raise DataError(f"{origin} cannot be read ({err.strerror}); check the path") from err
-    with f:
+    with opened as f:
         yield from line_blocks(_reads(f, origin), origin)
 
 
