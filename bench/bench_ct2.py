@@ -6,7 +6,7 @@ Per system: sentences/s and target tokens/s (generated pieces plus eos; the medi
 
     pip install -e ".[export]"
     python bench/bench_ct2.py "OUT/checkpoints/epochs/*.ckpt" --root ../shared/data/multi30k
-    python bench/bench_ct2.py CKPT --root DIR --beam 1 --rounds 3 --threads 2
+    python bench/bench_ct2.py CKPT --root DIR --beam 1 --rounds 3 --threads 2 [--no-bf16]
     python bench/bench_ct2.py CKPT --root DIR --profile "ours float32"   # where its time goes
 
 ``--profile SYSTEM`` runs one more translation of one of our systems under ``torch.profiler`` and
@@ -57,6 +57,7 @@ def main() -> None:
         "--one-limit", action="store_true", help="also CTranslate2 in one call, one limit"
     )
     p.add_argument("--limit", type=int, help="the split's first N sentences only")
+    p.add_argument("--no-bf16", action="store_true", help="no bf16 run of ours (CPUs without bf16)")
     p.add_argument("--profile", help="a system to profile after the rounds")
     p.add_argument("--sync-every", type=int, default=0, help="ours: decode.sync_every")
     args = p.parse_args()
@@ -78,10 +79,12 @@ def main() -> None:
     export_ct2(paths, tmp / "int8", quantization="int8")
     systems = {
         "ours float32": Translator(model, src_tok, tgt_tok),
-        "ours bf16": Translator(model_from_checkpoint(ckpt).to(torch.bfloat16), src_tok, tgt_tok),
         "ct2 float32": CT2Translator(tmp / "float32", threads=args.threads),
         "ct2 int8": CT2Translator(tmp / "int8", threads=args.threads),
     }
+    if not args.no_bf16:
+        bf16 = model_from_checkpoint(ckpt).to(torch.bfloat16)
+        systems["ours bf16"] = Translator(bf16, src_tok, tgt_tok)
     if args.one_limit:  # CTranslate2 as most would call it: one call, one length limit
         for name in ("ct2 float32", "ct2 int8"):
             directory = tmp / name.split()[1]
