@@ -6,8 +6,8 @@ and scratchpads of those sizes. glibc serves a block above its mmap threshold wi
 its own, returned whole when freed, but it raises the threshold to the size of every such block
 freed, up to 32 MiB: from then on those tensors come from the heap, which keeps the space they
 free. Sizes that rarely repeat leave the heap full of free holes, so the peak RSS of
-``evaluate.py input=FILE`` grew with the file's length (BENCHMARKS.md, "Translating a file in
-bounded memory"). A threshold set by ``mallopt`` is never raised.
+``evaluate.py input=FILE`` grew with the file's length (BENCHMARKS.md, "Translating a long file:
+memory"). A threshold set by ``mallopt`` is never raised.
 """
 
 from __future__ import annotations
