@@ -353,8 +353,17 @@ def test_export_of_several_checkpoints_is_that_of_their_average(trained, tmp_pat
     assert "beam_size=5" in readme and "length_penalty=1.0" in readme
 
 
+def cpu_has_avx512() -> bool:
+    cpuinfo = Path("/proc/cpuinfo")
+    return not cpuinfo.is_file() or "avx512bw" in cpuinfo.read_text()
+
+
 @pytest.mark.parametrize("quantization", ["int8", "bfloat16"])
 def test_quantized_models_translate_nearly_as_float32(trained, exported, tmp_path, quantization):
+    """Greedy translations of the tiny model (many near ties) mostly as float32's. On a CPU
+    without AVX512 CTranslate2 runs int8 on its AVX2 kernels, which drift further: 58 of 102
+    lines identical on such a CPU, the same before and after this project's decoder changes
+    (2026-11-26), against >= 90% with AVX512; a broken export would share few."""
     export_main(["ct2", str(trained[0][-1]), str(tmp_path / "q"), "--quantization", quantization])
     options, lines = DecodeOptions(strategy="greedy"), source_lines(trained)
     full = CT2Translator(exported, threads=1).translate(lines, options)
@@ -363,7 +372,8 @@ def test_quantized_models_translate_nearly_as_float32(trained, exported, tmp_pat
     assert size[1] < 0.6 * size[0]  # 8- or 16-bit weights
     translated = quantized.translate(lines, options)
     same = [a[0].text == b[0].text for a, b in zip(full, translated, strict=True)]
-    assert sum(same) / len(same) >= 0.9
+    bar = 0.9 if quantization != "int8" or cpu_has_avx512() else 0.4
+    assert sum(same) / len(same) >= bar
 
 
 def test_export_refuses_bad_arguments(trained, exported, tmp_path, capsys) -> None:
