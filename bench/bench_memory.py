@@ -3,10 +3,11 @@
 Each file cycles the lines of ``--source`` up to N lines. Each ``--code DIR`` is a checkout of
 this repository whose ``evaluate.py`` runs (from its root, so its own ``transformer`` is imported)
 once per N, in a child process of its own with ``--threads`` OpenMP threads (1); the table gives
-the child's peak RSS (its ``ru_maxrss``, as ``/usr/bin/time -v`` reports it), its wall time (model
-loading included) and lines/s. Every run must translate every line: the output's line count is
-checked against N (so ``decode.nbest`` stays 1). Arguments after ``--`` are passed to
-``evaluate.py`` (Hydra overrides).
+the child's peak RSS (its ``ru_maxrss``, as ``/usr/bin/time -v`` reports it), its peak so far
+each time a chunk of ``input_chunk`` lines was written (its ``VmHWM``, polled: one run of N lines
+shows the growth from chunk to chunk), its wall time (model loading included) and lines/s. Every
+run must translate every line: the output's line count is checked against N (so ``decode.nbest``
+stays 1). Arguments after ``--`` are passed to ``evaluate.py`` (Hydra overrides).
 
     python bench/bench_memory.py OUT/checkpoints/last.ckpt --lines 1000,10000,100000
     git worktree add --detach /tmp/old COMMIT   # then, old against new:
@@ -38,23 +39,44 @@ def write_lines(source: str, n: int, path: Path) -> None:
         f.writelines(line + "\n" for line in itertools.islice(itertools.cycle(lines), n))
 
 
-def run(code: Path, cmd: list[str], env: dict[str, str]) -> tuple[float, float]:
-    """Run ``cmd`` in ``code``; its peak RSS (MB) and wall seconds."""
+def peak_rss(pid: int) -> float | None:
+    """Process ``pid``'s peak RSS so far (MB, its ``VmHWM``); None once it has ended."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            return next(int(line.split()[1]) / 1024 for line in f if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+
+
+def run(code: Path, cmd: list[str], env: dict[str, str], out: Path) -> tuple[float, float, list]:
+    """Run ``cmd`` in ``code``; its peak RSS (MB), wall seconds, and its peak RSS each time
+    ``out`` had grown (a chunk written: ``evaluate.py`` writes a chunk's lines at once)."""
     start = time.perf_counter()
     proc = subprocess.Popen(cmd, cwd=code, env=env, stdout=subprocess.DEVNULL)
-    _, status, usage = os.wait4(proc.pid, 0)
+    chunks, size = [], 0
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
+        grown = out.exists() and out.stat().st_size > size
+        rss = peak_rss(proc.pid) if grown else None
+        if rss is not None:
+            size = out.stat().st_size
+            chunks.append(rss)
+        time.sleep(0.2)
     seconds = time.perf_counter() - start
     proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode != 0:
         sys.exit(f"error: {' '.join(cmd)} (in {code}) exited {proc.returncode}")
-    return usage.ru_maxrss / 1024, seconds  # Linux: kilobytes
+    return usage.ru_maxrss / 1024, seconds, chunks  # Linux: kilobytes
 
 
 def label(code: Path) -> str:
-    """``code``'s commit (``-dirty`` with changes not committed), else its path."""
+    """``code``'s folder name and commit (``-dirty`` with changes not committed), else its path."""
     done = subprocess.run(["git", "-C", str(code), "describe", "--always", "--dirty"],
                           capture_output=True, text=True)  # fmt: skip
-    return done.stdout.strip() or str(code)
+    commit = done.stdout.strip()
+    return f"{code.name} {commit}" if commit else str(code)
 
 
 def main() -> None:
@@ -94,19 +116,20 @@ def main() -> None:
                 cmd = [sys.executable, "evaluate.py", f"ckpt_path={ckpt}", f"input={src}",
                        f"output={out}", f"decode={args.decode}", f"hydra.run.dir={run_dir}",
                        *overrides]  # fmt: skip
-                rss, seconds = run(code, cmd, env)
+                rss, seconds, chunks = run(code, cmd, env, out)
                 with open(out, "rb") as f:
                     written = sum(1 for _ in f)
                 if written != n:
                     sys.exit(f"error: {code} wrote {written} lines for {n}")
-                rows.append((code, n, rss, seconds))
+                rows.append((code, n, rss, seconds, chunks))
                 out.unlink()
     print(f"decode={args.decode} {' '.join(overrides)} OMP_NUM_THREADS={args.threads} "
           f"checkpoint={args.ckpt} source={args.source}")  # fmt: skip
-    print("| code | lines | peak RSS (MB) | wall seconds | lines/s |")
-    print("|---|---|---|---|---|")
-    for code, n, rss, seconds in rows:
-        print(f"| {label(code)} | {n} | {rss:.0f} | {seconds:.1f} | {n / seconds:.1f} |")
+    print("| code | lines | peak RSS (MB) | after each chunk | wall seconds | lines/s |")
+    print("|---|---|---|---|---|---|")
+    for code, n, rss, seconds, chunks in rows:
+        after = " / ".join(f"{x:.0f}" for x in chunks)
+        print(f"| {label(code)} | {n} | {rss:.0f} | {after} | {seconds:.1f} | {n / seconds:.1f} |")
 
 
 if __name__ == "__main__":
