@@ -27,7 +27,8 @@ from hydra import compose, initialize_config_dir
 from tests.test_evaluate import eval_cfg
 from tests.tiny import REPO, compose_cfg, logged, tiny_overrides, write_lines
 from transformer import atomic, lit_module, run_dir
-from transformer.atomic import HOST, AtomicCheckpointIO
+from transformer.atomic import HOST
+from transformer.callbacks import AtomicCheckpointIO
 from transformer.checkpoints import average_checkpoints, load_checkpoint
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError, NonFiniteLoss, UserError

@@ -19,9 +19,6 @@ from pathlib import Path
 from typing import IO, Any
 
 import torch
-from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
-
-from transformer.errors import CheckpointError
 
 HOST = socket.gethostname()
 # temporary_path's names; also those of earlier versions: no host (this host's), and
@@ -125,22 +122,3 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
 
-
-class AtomicCheckpointIO(TorchCheckpointIO):
-    """Lightning's checkpoint writer with :func:`atomic_save`: every checkpoint the Trainer
-    writes (``last.ckpt``, the best checkpoint) is either the old file or the complete new one;
-    a failed write (a full disk) is a :class:`CheckpointError` naming the file."""
-
-    def save_checkpoint(
-        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
-    ) -> None:
-        if storage_options is not None:
-            raise TypeError(f"{type(self).__name__} takes no storage_options")
-        try:
-            atomic_save(checkpoint, path)
-        except OSError as err:  # a full disk, a quota, a directory removed
-            raise CheckpointError(
-                f"could not write checkpoint {path} ({err.strerror or err}); nothing half-written "
-                "is left, an earlier one there is whole; free space there, or write elsewhere "
-                "(hydra.run.dir=DIR)"
-            ) from err

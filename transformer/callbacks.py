@@ -1,4 +1,4 @@
-"""Training callbacks."""
+"""Training callbacks, and the Trainer's checkpoint writer (:class:`AtomicCheckpointIO`)."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from typing import Any
 
 import lightning as L
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import (
     Checkpoint,
     ModelCheckpoint,
@@ -22,7 +23,8 @@ from lightning.pytorch.callbacks import (
 from torch import Tensor
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
-from transformer.errors import Interrupted
+from transformer.atomic import atomic_save
+from transformer.errors import CheckpointError, Interrupted
 from transformer.lit_module import TranslationModule, logs_after
 from transformer.nonfinite import NonFiniteSteps
 
@@ -253,3 +255,23 @@ class TrainingProgressBar(TQDMProgressBar):
         if self._loss is not None:
             items["train/loss"] = self._loss
         return items
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Lightning's checkpoint writer with :func:`atomic_save`: every checkpoint the Trainer
+    writes (``last.ckpt``, the best checkpoint) is either the old file or the complete new one;
+    a failed write (a full disk) is a :class:`CheckpointError` naming the file."""
+
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike, storage_options: Any = None
+    ) -> None:
+        if storage_options is not None:
+            raise TypeError(f"{type(self).__name__} takes no storage_options")
+        try:
+            atomic_save(checkpoint, path)
+        except OSError as err:  # a full disk, a quota, a directory removed
+            raise CheckpointError(
+                f"could not write checkpoint {path} ({err.strerror or err}); nothing half-written "
+                "is left, an earlier one there is whole; free space there, or write elsewhere "
+                "(hydra.run.dir=DIR)"
+            ) from err

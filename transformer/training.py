@@ -26,8 +26,8 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer import config_checks as checks
 from transformer import run_dir, sdpa_backends
-from transformer.atomic import AtomicCheckpointIO, sweep_temporaries
-from transformer.callbacks import WeightEMA
+from transformer.atomic import sweep_temporaries
+from transformer.callbacks import AtomicCheckpointIO, WeightEMA
 from transformer.checkpoints import read_model_config, read_tokenizer_models
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule

@@ -1,7 +1,12 @@
-"""Data pipeline: raw parallel text -> SentencePiece -> cached token ids -> token-budget batches."""
+"""Data pipeline: raw parallel text -> SentencePiece -> cached token ids -> token-budget batches.
+
+:class:`TranslationDataModule` (Lightning) is imported on first use, so that what needs only the
+tokenizer or the collator (translation, export) does not load Lightning.
+"""
+
+from typing import Any
 
 from transformer.data.collate import Batch, Collator
-from transformer.data.datamodule import TranslationDataModule
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
 from transformer.errors import DataError
@@ -19,3 +24,11 @@ __all__ = [
     "TranslationDataModule",
     "train_tokenizer",
 ]
+
+
+def __getattr__(name: str) -> Any:  # PEP 562
+    if name == "TranslationDataModule":
+        from transformer.data.datamodule import TranslationDataModule
+
+        return TranslationDataModule
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
