@@ -121,4 +121,3 @@ def atomic_save(obj: Any, path: str | os.PathLike) -> None:
 
 def atomic_write_text(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda f: f.write(text.encode("utf-8")))
-
