@@ -24,7 +24,8 @@ from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.data.datamodule import TranslationDataModule
 from transformer.decoding import DecodeOptions
 from transformer.metrics import score_translations
-from transformer.prune import checkpoint_scores, least_important, prune_model
+from transformer.prune import checkpoint_scores, least_important
+from transformer.surgery import prune_model
 from transformer.translate import Translator
 
 

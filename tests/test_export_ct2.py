@@ -29,7 +29,7 @@ from transformer.export import ct2 as export
 from transformer.export import ct2_translate
 from transformer.export.__main__ import main as export_main
 from transformer.export.ct2_translate import CT2Translator
-from transformer.prune import prune_model
+from transformer.surgery import prune_model
 from transformer.translate import Translator
 
 ctranslate2 = pytest.importorskip(

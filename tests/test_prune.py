@@ -25,14 +25,8 @@ from transformer.errors import ConfigError
 from transformer.evaluation import evaluate
 from transformer.model import ATTENTION_TYPES, Transformer
 from transformer.optim import build_optimizer
-from transformer.prune import (
-    least_important,
-    main,
-    parse_heads,
-    prune_checkpoint,
-    prune_model,
-    restore_heads,
-)
+from transformer.prune import least_important, main, parse_heads, prune_checkpoint
+from transformer.surgery import prune_model, restore_heads
 from transformer.training import train
 from transformer.translate import Translator
 

@@ -32,13 +32,13 @@ from transformer.decoding import DecodeOptions
 from transformer.decoding.step import evaluating
 from transformer.metrics import score_translations
 from transformer.model import ATTENTION_TYPES, Transformer
+from transformer.surgery import HeadKey
 from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
 
 
 IMPORTANCES = ("mask", "gradient", "both")
-HeadKey = tuple[str, int, int]  # (attention type, layer, head)
 
 
 @dataclass

@@ -12,7 +12,7 @@ settings and our decoding defaults) and a README on translating with it.
 
 A pruned model (``python -m transformer.prune``) converts exactly, but CTranslate2 has one head
 count per encoder or decoder (its attention layers take ``num_heads`` from the stack), so the
-removed heads go back in as zero weights (:func:`transformer.prune.restore_heads`): the same
+removed heads go back in as zero weights (:func:`transformer.surgery.restore_heads`): the same
 translations, at the unpruned model's speed.
 """
 
@@ -39,7 +39,7 @@ from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
 from transformer.model import ATTENTION_TYPES, Transformer
 from transformer.outputs import check_output_directory, replace_directory
-from transformer.prune import restore_heads
+from transformer.surgery import restore_heads
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
 INFO_FILE = "transformer_nmt.json"  # what was exported; evaluate.py engine=ctranslate2 reads it
