@@ -14,15 +14,14 @@ from transformer.analysis import plots
 from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.heads import (
     HeadEvaluator,
-    average_ranks,
     gradient_importance,
     head_importance,
     prune_greedily,
-    spearman,
-    write_report,
 )
+from transformer.analysis.heads_report import write_report
 from transformer.analysis.maps import SentenceMaps, capture, capture_probes, translate_probes
-from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.analysis.ranks import average_ranks, spearman
+from transformer.analysis.report import draw_maps, map_figures, write_samples, write_stats
 from transformer.analysis.roles import ROLES, head_roles
 from transformer.analysis.stats import head_stats
 from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
@@ -95,7 +94,7 @@ def test_figures_are_written_for_every_type_layer_and_probe(tokenizers, tmp_path
         model, src_tok, tgt_tok, ["a dog runs in the park", "the red car"], ["ein hund", "das auto"]
     )
     captured = capture_probes(model, probes.first(1))
-    images = render_maps(captured, src_tok, tgt_tok, tmp_path, ATTENTION_TYPES)
+    images = draw_maps(map_figures(captured, src_tok, tgt_tok, tmp_path, ATTENTION_TYPES))
     expected = {"attn/encoder_self/layer0"} | {
         f"attn/{kind}/layer{n}" for kind in ("decoder_self", "cross") for n in range(2)
     }

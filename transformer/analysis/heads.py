@@ -10,22 +10,20 @@ Two measures, ``importance=mask|gradient|both``:
 
 With both, the Spearman rank correlation of the two rankings is reported. Heads are then pruned
 greedily, least important first (by loss increase when masked, else by the gradient proxy), and
-loss and BLEU are measured against the share of heads left. Results: ``heads.json``,
-``heads.md``, ``heads_importance.png``, ``heads_pruning.png``.
+loss and BLEU are measured against the share of heads left. Results
+(:mod:`transformer.analysis.heads_report`): ``heads.json``, ``heads.md``,
+``heads_importance.png``, ``heads_pruning.png``.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer.analysis import plots
 from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import EOS_ID
 from transformer.decoding import DecodeOptions
@@ -214,25 +212,6 @@ def ranking(scores: list[HeadScore]) -> list[HeadKey]:
     return [(s.kind, s.layer, s.head) for s in sorted(scores, key=key)]
 
 
-def average_ranks(x: Tensor) -> Tensor:
-    """(n,) values -> (n,) float64 ranks 1..n, tied values sharing the mean of their ranks."""
-    order = x.argsort(stable=True)
-    _, inverse, counts = torch.unique_consecutive(x[order], return_inverse=True, return_counts=True)
-    ends = counts.cumsum(0).double()  # the last rank of each group of equal values
-    ranks = torch.empty(len(x), dtype=torch.float64)
-    ranks[order] = (ends - (counts - 1) / 2)[inverse]
-    return ranks
-
-
-def spearman(x: Tensor, y: Tensor) -> float | None:
-    """Spearman's rank correlation (the Pearson correlation of average ranks, ties included);
-    None where it is undefined (fewer than two values, or a constant one)."""
-    rx, ry = average_ranks(x), average_ranks(y)
-    rx, ry = rx - rx.mean(), ry - ry.mean()
-    denominator = float((rx.square().sum() * ry.square().sum()).sqrt())
-    return float((rx * ry).sum()) / denominator if denominator > 0 else None
-
-
 def prune_greedily(
     evaluator: HeadEvaluator, scores: list[HeadScore], step: float = 0.1
 ) -> list[PruningPoint]:
@@ -249,81 +228,3 @@ def prune_greedily(
         points.append(PruningPoint(left, left / total, loss, bleu))
     evaluator.model.clear_head_masks()
     return points
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    return "" if value is None else format(value, spec)
-
-
-def write_report(
-    out_dir: Path,
-    baseline: tuple[float, float],
-    scores: list[HeadScore],
-    points: list[PruningPoint],
-    num_sentences: int,
-) -> dict:
-    """heads.json, heads.md (tables), heads_importance.png (layer x head per type: change in loss
-    and BLEU when masked, gradient proxy; whichever were measured), heads_pruning.png (BLEU
-    against share of heads left). With both measures, their Spearman rank correlation."""
-    out_dir.mkdir(parents=True, exist_ok=True)
-    by_mask, by_gradient = scores[0].delta_loss is not None, scores[0].gradient is not None
-    rho = None
-    if by_mask and by_gradient:
-        rho = spearman(*(torch.tensor([getattr(s, m) for s in scores], dtype=torch.float64)
-                         for m in ("delta_loss", "gradient")))  # fmt: skip
-    result = {
-        "num_sentences": num_sentences,
-        "baseline": {"loss": baseline[0], "bleu": baseline[1]},
-        "importance": "both" if by_mask and by_gradient else "mask" if by_mask else "gradient",
-        "spearman_mask_gradient": rho,
-        "heads": [asdict(s) for s in scores],
-        "pruning": [asdict(p) for p in points],
-    }
-    (out_dir / "heads.json").write_text(json.dumps(result, indent=1) + "\n", encoding="utf-8")
-    lines = [
-        f"Head importance on {num_sentences} sentences: baseline loss {baseline[0]:.4f}, "
-        f"BLEU {baseline[1]:.2f}.",
-    ]
-    if rho is not None:
-        lines += ["", f"Spearman rank correlation of loss increase when masked and gradient "
-                      f"importance: {rho:+.3f} over {len(scores)} heads."]  # fmt: skip
-    lines += [
-        "",
-        "| type | layer | head | Δ loss | Δ BLEU | gradient |",
-        "|---|---:|---:|---:|---:|---:|",
-    ]
-    rank = {key: i for i, key in enumerate(reversed(ranking(scores)))}  # most important first
-    lines += [
-        f"| {s.kind} | {s.layer} | {s.head} | {_fmt(s.delta_loss, '+.4f')} | "
-        f"{_fmt(s.delta_bleu, '+.2f')} | {_fmt(s.gradient, '.4g')} |"
-        for s in sorted(scores, key=lambda s: rank[(s.kind, s.layer, s.head)])
-    ]
-    lines += ["", "| heads left | share | loss | BLEU |", "|---:|---:|---:|---:|"]
-    lines += [
-        f"| {p.heads_left} | {p.share_left:.2f} | {p.loss:.4f} | {p.bleu:.2f} |" for p in points
-    ]
-    (out_dir / "heads.md").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    metrics = {"delta_loss": "loss increase", "delta_bleu": "BLEU drop", "gradient": "gradient"}
-    panels = {}
-    for metric, label in metrics.items():
-        if getattr(scores[0], metric) is None:
-            continue
-        for kind in ATTENTION_TYPES:
-            mine = [s for s in scores if s.kind == kind]
-            grid = torch.zeros(max(s.layer for s in mine) + 1, max(s.head for s in mine) + 1)
-            for s in mine:
-                grid[s.layer, s.head] = getattr(s, metric)
-            panels[f"{kind}: {label}"] = -grid if metric == "delta_bleu" else grid
-    title = f"Head importance ({result['importance']}, {num_sentences} sentences)"
-    plots.save(
-        plots.layer_head_heatmaps(panels, title, cmap="RdBu_r", center_zero=True),
-        out_dir / "heads_importance.png",
-    )
-    plots.save(
-        plots.line_plot(
-            [p.share_left for p in points], [p.bleu for p in points], "share of heads left",
-            "BLEU", f"Greedy head pruning ({num_sentences} sentences)",
-        ),
-        out_dir / "heads_pruning.png",
-    )  # fmt: skip
-    return result

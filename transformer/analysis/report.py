@@ -82,18 +82,6 @@ def draw_maps(figures: Sequence[MapFigure]) -> Images:
     return images
 
 
-def render_maps(
-    captured: dict[str, list[SentenceMaps]],
-    src_tok: Tokenizer,
-    tgt_tok: Tokenizer,
-    out_dir: Path,
-    types: Sequence[str],
-    max_pieces: int = 40,
-) -> Images:
-    """:func:`map_figures`, drawn at once."""
-    return draw_maps(map_figures(captured, src_tok, tgt_tok, out_dir, types, max_pieces))
-
-
 def write_stats(
     model: Transformer, src_ids: list[list[int]], ref_ids: list[list[int]], out_dir: Path,
     types: Sequence[str], draw: bool = True,

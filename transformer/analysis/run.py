@@ -10,15 +10,10 @@ from typing import Any
 from omegaconf import DictConfig
 
 from transformer.analysis import explorer
-from transformer.analysis.heads import (
-    IMPORTANCES,
-    HeadEvaluator,
-    head_importance,
-    prune_greedily,
-    write_report,
-)
+from transformer.analysis.heads import IMPORTANCES, HeadEvaluator, head_importance, prune_greedily
+from transformer.analysis.heads_report import write_report
 from transformer.analysis.maps import capture_probes, translate_probes
-from transformer.analysis.report import render_maps, write_samples, write_stats
+from transformer.analysis.report import draw_maps, map_figures, write_samples, write_stats
 from transformer.data.collate import encode_sources, encode_targets
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
@@ -77,7 +72,7 @@ def run_analysis(
     n = _number(options, "probes", int)
     probes = translate_probes(model, src_tok, tgt_tok, sources[:n], references[:n])
     captured = capture_probes(model, probes)
-    render_maps(captured, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES)
+    draw_maps(map_figures(captured, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES))
     limit = model.cfg.max_positions
     stats, _ = write_stats(
         model, encode_sources(src_tok, sources, limit), encode_targets(tgt_tok, references, limit),
