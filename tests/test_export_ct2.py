@@ -16,8 +16,8 @@ import pytest
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
+from tests.tiny import compose_eval_cfg
 from transformer import Transformer, TransformerConfig
 from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
@@ -419,9 +419,7 @@ def test_exported_readme_translates_as_our_greedy_search(trained, exported) -> N
 
 
 def evaluate_with(overrides: list[str], out_dir: Path) -> dict:
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-    return evaluate(cfg)
+    return evaluate(compose_eval_cfg(overrides, out_dir))
 
 
 def test_evaluate_scores_an_exported_directory_as_its_checkpoint(trained, exported, tmp_path):

@@ -24,8 +24,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.test_evaluate import eval_cfg
-from tests.tiny import REPO, compose_cfg, logged, tiny_overrides, write_lines
+from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrides, write_lines
 from transformer import atomic, lit_module, run_dir
 from transformer.atomic import HOST, AtomicCheckpointIO
 from transformer.checkpoints import average_checkpoints, load_checkpoint
@@ -832,11 +831,10 @@ def test_force_replaces_only_what_the_command_writes(corpus, workspace, tmp_path
 
     user = tmp_path / "user"
     shutil.copytree(workspace, user, symlinks=True)
-    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[
-            f"ckpt_path={user / CKPT}", f"input={user / 's.txt'}", f"output={user / 'out5.txt'}",
-            "decode=greedy", "force=true", f"paths.output_dir={tmp_path / 'eval'}",
-        ])  # fmt: skip
+    cfg = compose_eval_cfg([
+        f"ckpt_path={user / CKPT}", f"input={user / 's.txt'}", f"output={user / 'out5.txt'}",
+        "decode=greedy", "force=true",
+    ], tmp_path / "eval")  # fmt: skip
     assert evaluate(cfg)["resumed_at"] == 0
     assert len((user / "out5.txt").read_text().splitlines()) == 4  # s.txt's lines, not 5 + 4
 
@@ -858,12 +856,10 @@ def test_an_output_of_a_gzipped_input_is_checked_against_its_lines_then_resumed(
     whole, part = user / "whole.txt", user / "part.txt"
 
     def run(output: Path) -> dict:
-        with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
-            cfg = compose("evaluate", overrides=[
-                f"ckpt_path={user / CKPT}", f"input={user / 'two.txt.gz'}", f"output={output}",
-                "decode=greedy", f"paths.output_dir={tmp_path / output.stem}",
-            ])  # fmt: skip
-        return evaluate(cfg)
+        return evaluate(compose_eval_cfg([
+            f"ckpt_path={user / CKPT}", f"input={user / 'two.txt.gz'}", f"output={output}",
+            "decode=greedy",
+        ], tmp_path / output.stem))  # fmt: skip
 
     longer = (user / "out5.txt").read_bytes()
     with pytest.raises(UserError, match=r"out5.txt holds results for 5 lines but input=.* has 2"):
@@ -1051,5 +1047,5 @@ def test_a_damaged_gz_input_to_evaluate_is_named(trained, tmp_path, fault):
     ckpt = trained / "checkpoints" / "last.ckpt"
     message = "its gzip data is truncated or damaged" if fault == "truncated" else "is not a gzip"
     with pytest.raises(DataError, match=rf"^{source}(: | ){message}"):
-        evaluate(eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
+        evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
     assert source.read_bytes() == before

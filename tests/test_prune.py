@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from tests.tiny import CONFIGS, compose_cfg, tiny_model, tiny_overrides
+from tests.tiny import compose_cfg, compose_eval_cfg, tiny_model, tiny_overrides
 from transformer.checkpoints import (
     load_checkpoint,
     model_from_checkpoint,
@@ -189,11 +187,6 @@ def test_heads_per_layer_is_checked_by_the_config() -> None:
         TransformerConfig(**sizes, heads_per_layer={"cross": [4]})
 
 
-def eval_cfg(overrides: list[str], out_dir: Path):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-
-
 def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_path) -> None:
     common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
     train(compose_cfg([*common, "trainer.max_steps=2"], tmp_path / "run"))
@@ -202,7 +195,7 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
     assert model_from_checkpoint(load_checkpoint(pruned)).cfg.heads_per_layer == {
         "encoder_self": [4, 4], "decoder_self": [3, 4], "cross": [4, 2]
     }  # fmt: skip
-    result = evaluate(eval_cfg([f"ckpt_path={pruned}", "split=val", "decode=greedy"],
+    result = evaluate(compose_eval_cfg([f"ckpt_path={pruned}", "split=val", "decode=greedy"],
                                tmp_path / "eval"))  # fmt: skip
     masked = masked_model(model_from_checkpoint(load_checkpoint(ckpt)), [("cross", 1, 0),
                           ("cross", 1, 3), ("decoder_self", 0, 2)])  # fmt: skip
@@ -211,7 +204,7 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
     expected = [t[0].text for t in translator.translate(sources, DecodeOptions(strategy="greedy"))]
     assert (tmp_path / "eval" / "hypotheses.txt").read_text().splitlines() == expected
     assert result["num_sentences"] == len(sources)
-    evaluate(eval_cfg([f"ckpt_path={pruned}", "split=val", "analysis=maps",
+    evaluate(compose_eval_cfg([f"ckpt_path={pruned}", "split=val", "analysis=maps",
                        "analysis_options.sentences=4", "analysis_options.probes=1"],
                       tmp_path / "maps"))  # fmt: skip
     assert (tmp_path / "maps" / "attention" / "cross" / "layer1" / "probe0_reference.png").is_file()
@@ -234,7 +227,7 @@ def test_share_removes_the_heads_that_analysis_ranks_least_important(corpus, tmp
     common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
     train(compose_cfg([*common, "trainer.max_steps=4"], tmp_path / "run"))
     ckpt, pruned = tmp_path / "run" / "checkpoints" / "last.ckpt", tmp_path / "pruned.ckpt"
-    evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=val", "analysis=heads",
+    evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "split=val", "analysis=heads",
                        "analysis_options.importance=gradient", "analysis_options.sentences=8"],
                       tmp_path / "heads"))  # fmt: skip
     reported = json.loads((tmp_path / "heads" / "heads.json").read_text())["heads"]

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny import data_pairs, write_lines
+from tests.tiny import data_pairs, write_language
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.errors import DataError
@@ -16,24 +16,17 @@ from transformer.errors import DataError
 VOCAB = 80  # the tiny corpora's words and the three special tokens
 
 
-def write(root: Path, tgt: str, splits: dict[str, int], seed: int) -> Path:
-    """``{split}.en`` and ``{split}.{tgt}``; "fr" is the German with its words reversed."""
-    root.mkdir(parents=True)
-    for k, (split, n) in enumerate(splits.items()):
-        en, de = data_pairs(n, seed + k)
-        if tgt == "fr":
-            de = [" ".join(reversed(x.split())) for x in de]
-        write_lines(root / f"{split}.en", en)
-        write_lines(root / f"{split}.{tgt}", de)
-    return root
-
-
 @pytest.fixture
 def corpora(tmp_path: Path) -> dict[str, Path]:
     return {
-        "parallel": write(tmp_path / "parallel", "de", {"train": 120, "val": 20, "test": 10}, 0),
-        "bt": write(tmp_path / "bt", "de", {"train": 80}, 10),  # training pairs only
-        "fr": write(tmp_path / "fr", "fr", {"train": 100, "val": 16, "test": 10}, 20),
+        "parallel": write_language(
+            tmp_path / "parallel", "de", {"train": 120, "val": 20, "test": 10}, data_pairs, 0
+        ),
+        "bt": write_language(tmp_path / "bt", "de", {"train": 80}, data_pairs, 10),  # train only
+        # "fr": the German with its words reversed
+        "fr": write_language(
+            tmp_path / "fr", "fr", {"train": 100, "val": 16, "test": 10}, data_pairs, 20, True
+        ),
     }
 
 

@@ -1,4 +1,4 @@
-"""bench/bench_levers.py: every lever is a valid change of its recipe (CPU or GPU), the options,
+"""dev/bench_levers.py: every lever is a valid change of its recipe (CPU or GPU), the options,
 the table, a dry run of one lever end to end (train.py, then evaluate's scoring of its
 checkpoints), and the GPU mode's runs side by side, stopped at a deadline and resumed."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 from omegaconf import DictConfig
 
-from bench.bench_levers import (
+from dev.bench_levers import (
     GPU_COMMON,
     GPU_LEVERS,
     LEVERS,

@@ -9,13 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import WandbLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import transformer.analysis.maps as maps_module
 import transformer.attention as attention_module
-from tests.tiny import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides
+from tests.tiny import ATTENTION_MAPS_OFF, compose_cfg, compose_eval_cfg, tiny_overrides
 from transformer.analysis import explorer
 from transformer.analysis.stats import STATS
 from transformer.analysis.trends import TREND_COLUMNS
@@ -175,16 +174,11 @@ def test_a_failed_drawing_is_reported_and_training_goes_on(corpus, tmp_path, cap
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
-def eval_cfg(overrides: list[str], out_dir: Path):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-
-
 def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     ckpt = csv_run / "checkpoints" / "last.ckpt"
     common = [f"ckpt_path={ckpt}", "split=val", "analysis_options.sentences=4"]
-    result = evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.prune_step=0.5"],
-                               tmp_path / "heads"))  # fmt: skip
+    heads = [*common, "analysis=heads", "analysis_options.prune_step=0.5"]
+    result = evaluate(compose_eval_cfg(heads, tmp_path / "heads"))
     assert len(result["heads"]) == 3 * 1 * 2  # types x layers x heads
     assert result["importance"] == "both" and all(h["gradient"] > 0 for h in result["heads"])
     assert [p["heads_left"] for p in result["pruning"]] == [6, 3, 1]
@@ -192,12 +186,14 @@ def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     assert written["baseline"] == result["baseline"]
     for name in ("heads_importance.png", "heads_pruning.png"):
         assert (tmp_path / "heads" / name).read_bytes()[:8] == PNG
-    evaluate(eval_cfg([*common, "analysis=maps", "analysis_options.probes=1"], tmp_path / "maps"))
+    evaluate(
+        compose_eval_cfg([*common, "analysis=maps", "analysis_options.probes=1"], tmp_path / "maps")
+    )
     maps = tmp_path / "maps" / "attention"
     assert (maps / "cross" / "layer0" / "probe0_reference.png").is_file()
     assert (maps / "stats_encoder_self.png").is_file() and (maps / "samples.md").is_file()
     with pytest.raises(ValueError, match="analysis=head: choose one of heads, maps, or null"):
-        evaluate(eval_cfg([*common, "analysis=head"], tmp_path / "bad"))
+        evaluate(compose_eval_cfg([*common, "analysis=head"], tmp_path / "bad"))
     with pytest.raises(ValueError, match="importance=grad: choose one of mask, gradient, both"):
-        evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.importance=grad"],
+        evaluate(compose_eval_cfg([*common, "analysis=heads", "analysis_options.importance=grad"],
                           tmp_path / "bad"))  # fmt: skip
