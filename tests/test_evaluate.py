@@ -53,6 +53,7 @@ def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.slow
 def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) -> None:
     ckpt, corpus = trained
     metrics = evaluate(
@@ -74,6 +75,7 @@ def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) ->
     assert written["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # device=auto
 
 
+@pytest.mark.slow
 def test_a_split_alias_is_resolved_once(trained, tmp_path) -> None:
     """split=test names the file split data.test_split says, even when that is another
     alias's name: the swapped names translate and score the val files."""
@@ -88,6 +90,7 @@ def test_a_split_alias_is_resolved_once(trained, tmp_path) -> None:
     assert unswapped["bleu"] == pytest.approx(metrics["bleu"])
 
 
+@pytest.mark.slow
 def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     ckpt, corpus = trained
     evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "decode=greedy"], tmp_path / "split"))
@@ -101,6 +104,7 @@ def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     assert translations[5] == "" and len(translations) == out["lines"] == 7
 
 
+@pytest.mark.slow
 def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, caplog) -> None:
     """One translation per input line whatever the file's quirks: a UTF-8 byte-order mark is
     dropped, CRLF line ends are line ends, a U+2028 inside a sentence does not split it, blank
@@ -125,6 +129,7 @@ def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, cap
         evaluate(compose_eval_cfg([*greedy, f"input={utf16}"], tmp_path / "utf16"))
 
 
+@pytest.mark.slow
 def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_path) -> None:
     """A run resumed elsewhere stores the same SentencePiece models under its own cache's file
     names, and a run that trained them again in another process holds them with another record
@@ -149,6 +154,7 @@ def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_p
         load_ensemble([ckpt, tmp_path / "other.ckpt"])
 
 
+@pytest.mark.slow
 def test_averaged_checkpoint(trained, tmp_path) -> None:
     ckpt, _ = trained
     tripled = load_checkpoint(ckpt)
@@ -178,6 +184,7 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
     assert lines(tmp_path / "c" / "hypotheses.txt") == lines(tmp_path / "a" / "hypotheses.txt")
 
 
+@pytest.mark.slow
 def test_bfloat16_weights_when_asked_float32_on_cpu_by_default(trained, tmp_path) -> None:
     ckpt, corpus = trained
     run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "device=cpu"]
@@ -214,6 +221,7 @@ def test_glob_matching_nothing_is_refused(tmp_path) -> None:
     assert str(err.value).endswith(f"evaluate it with ckpt_path={last}")
 
 
+@pytest.mark.slow
 def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
     ckpt, _ = trained
     other = load_checkpoint(ckpt)
@@ -225,6 +233,7 @@ def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
     assert not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_without_tokenizer_models_is_refused(trained, tmp_path) -> None:
     ckpt, _ = trained
     stripped = load_checkpoint(ckpt)
@@ -235,6 +244,7 @@ def test_checkpoint_without_tokenizer_models_is_refused(trained, tmp_path) -> No
     assert not list((tmp_path / "out").iterdir())  # no hypotheses.txt, no metrics.json
 
 
+@pytest.mark.slow
 def test_truncated_or_missing_checkpoint_is_named(trained, tmp_path) -> None:
     ckpt, _ = trained
     truncated = tmp_path / "truncated.ckpt"
@@ -245,6 +255,7 @@ def test_truncated_or_missing_checkpoint_is_named(trained, tmp_path) -> None:
         evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'nothing.ckpt'}"], tmp_path))
 
 
+@pytest.mark.slow
 def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     ckpt, corpus = trained
     run = [sys.executable, "evaluate.py", f"ckpt_path={ckpt}", "decode.beam_size=2"]
@@ -290,6 +301,7 @@ runpy.run_path("evaluate.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_evaluate_py_prints_a_user_error_in_one_line_and_a_bug_with_its_traceback(tmp_path):
     def run(exception: str) -> subprocess.CompletedProcess:
         script = RAISING_EVALUATE.format(exception)
@@ -306,6 +318,7 @@ def test_evaluate_py_prints_a_user_error_in_one_line_and_a_bug_with_its_tracebac
     assert "error: a bug" not in bug.stderr
 
 
+@pytest.mark.slow
 def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path) -> None:
     """What evaluate.py printed as one line while it caught every ValueError still does."""
     ckpt, _ = trained
@@ -328,6 +341,7 @@ def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path)
         model_from_checkpoint(edited, "edited.ckpt")
 
 
+@pytest.mark.slow
 def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> None:
     ckpt, corpus = trained
     script = REPO / "bench" / "bench_translate.py"
@@ -369,6 +383,7 @@ def source_file(corpus: Path, path: Path) -> Path:
     ],
     ids=["greedy", "beam_nbest_scores", "sample_nbest"],
 )
+@pytest.mark.slow
 def test_a_file_translated_in_chunks_and_resumed_after_a_kill_equals_one_run(
     trained, tmp_path, decode
 ) -> None:
@@ -401,6 +416,7 @@ def test_a_file_translated_in_chunks_and_resumed_after_a_kill_equals_one_run(
     assert again["resumed_at"] == 34 and whole.read_bytes() == expected
 
 
+@pytest.mark.slow
 def test_an_output_of_another_input_and_misplaced_options_are_refused(trained, tmp_path):
     ckpt, corpus = trained
     source = source_file(corpus, tmp_path / "source.en")
@@ -439,6 +455,7 @@ def teacher_forced(ckpt: Path, source: str, target: str) -> list[float]:
     return lprobs.gather(1, torch.tensor([[*y, EOS_ID]]).T).squeeze(1).tolist()
 
 
+@pytest.mark.slow
 def test_scores_of_the_split_or_a_tsv_are_teacher_forced_log_probabilities(trained, tmp_path):
     ckpt, corpus = trained
     sources, references = lines(corpus / "test.en"), lines(corpus / "test.de")
@@ -463,6 +480,7 @@ def test_scores_of_the_split_or_a_tsv_are_teacher_forced_log_probabilities(train
         assert float(total) == pytest.approx(sum(float(x) for x in tokens.split()), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_copies_translates_as_the_model_and_averaging_stays_the_default(
     trained, tmp_path
 ):
@@ -484,6 +502,7 @@ def test_an_ensemble_of_copies_translates_as_the_model_and_averaging_stays_the_d
     assert ensembled != averaged  # the mean of probabilities, not of weights
 
 
+@pytest.mark.slow
 def test_alignments_pair_every_target_word_with_a_source_word(trained, tmp_path) -> None:
     ckpt, corpus = trained
     source = source_file(corpus, tmp_path / "source.en")

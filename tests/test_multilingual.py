@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.tiny import (
     SPLITS,
     compose_cfg,
@@ -22,6 +24,7 @@ def short_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
     return sentence_pairs(n, seed, max_words=6)
 
 
+@pytest.mark.slow
 def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path) -> None:
     de = write_language(tmp_path / "de", "de", SPLITS, short_pairs)
     xx = write_language(tmp_path / "xx", "xx", SPLITS, short_pairs, reverse=True)

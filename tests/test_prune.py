@@ -132,6 +132,7 @@ def step(model: Transformer, optimizer: torch.optim.Optimizer, src, tgt) -> None
     optimizer.step()
 
 
+@pytest.mark.slow
 def test_a_pruned_checkpoint_trains_on_as_the_masked_model_would() -> None:
     """AdamW's moments are cut with their weights: a step of the pruned checkpoint's model and
     optimizer equals the pruned result of the masked model's step (masked heads get no
@@ -187,6 +188,7 @@ def test_heads_per_layer_is_checked_by_the_config() -> None:
         TransformerConfig(**sizes, heads_per_layer={"cross": [4]})
 
 
+@pytest.mark.slow
 def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_path) -> None:
     common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
     train(compose_cfg([*common, "trainer.max_steps=2"], tmp_path / "run"))
@@ -220,6 +222,7 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
                               tmp_path / "conflict"))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_share_removes_the_heads_that_analysis_ranks_least_important(corpus, tmp_path) -> None:
     """``--share 0.25 --by gradient`` removes the quarter of all heads (6 of the tiny model's 24)
     with the lowest gradient importance that ``evaluate.py analysis=heads`` reports on the same

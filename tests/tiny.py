@@ -141,3 +141,16 @@ def compose_eval_cfg(overrides: list[str], out_dir: Path):
     """``configs/evaluate.yaml`` with these overrides, as ``python evaluate.py`` composes it."""
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
+
+
+def prepared_datamodule(tokenizers: tuple[bytes, bytes] | None = None, **kwargs):
+    """A ``TranslationDataModule(**kwargs)`` prepared and set up for fitting; with
+    ``tokenizers``, those of a checkpoint (``last.ckpt``) instead of training its own."""
+    from transformer.data import datamodule  # Lightning: imported by the tests that use it
+
+    dm = datamodule.TranslationDataModule(**kwargs)
+    if tokenizers is not None:
+        dm.use_tokenizers(*tokenizers, checkpoint="last.ckpt")
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm

@@ -61,6 +61,7 @@ def csv_run(corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     root = csv_run / "attention"
     assert sorted(p.name for p in root.iterdir()) == ["explorer.html", "step0000003", "step0000009"]
@@ -79,12 +80,14 @@ def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_figures_are_drawn_outside_the_training_process(csv_run) -> None:
     """The training thread only captures the data; the PNGs of both map validations (checked
     above) come from the worker process, done by the end of fit."""
     assert DRAWN_HERE == []
 
 
+@pytest.mark.slow
 def test_explorer_page_holds_every_map_validation(csv_run) -> None:
     root = csv_run / "attention"
     assert [r["step"] for r in explorer.load_records(root)] == [3, 9]
@@ -94,6 +97,7 @@ def test_explorer_page_holds_every_map_validation(csv_run) -> None:
     assert entry["type"] == "cross" and entry["shape"][:2] == [1, 2]
 
 
+@pytest.mark.slow
 def test_csv_logger_gets_the_head_statistics_as_scalars_when_asked(csv_run) -> None:
     (path,) = csv_run.glob("csv/version_*/metrics.csv")
     with open(path) as f:
@@ -102,6 +106,7 @@ def test_csv_logger_gets_the_head_statistics_as_scalars_when_asked(csv_run) -> N
     assert [int(r["step"]) for r in logged] == [3, 9]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     corpus, tmp_path, monkeypatch
 ) -> None:
@@ -157,6 +162,7 @@ def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     assert explicit_calls and all(explicit_calls)
 
 
+@pytest.mark.slow
 def test_a_failed_drawing_is_reported_and_training_goes_on(corpus, tmp_path, caplog) -> None:
     """The worker cannot write the explorer page (a directory stands in its way): the error is
     logged with its step, the run finishes, and the step's data and head grids are there."""
@@ -174,6 +180,7 @@ def test_a_failed_drawing_is_reported_and_training_goes_on(corpus, tmp_path, cap
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     ckpt = csv_run / "checkpoints" / "last.ckpt"
     common = [f"ckpt_path={ckpt}", "split=val", "analysis_options.sentences=4"]

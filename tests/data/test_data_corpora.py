@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny import data_pairs, write_language
+from tests.tiny import data_pairs, prepared_datamodule, write_language
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.errors import DataError
@@ -31,13 +31,10 @@ def corpora(tmp_path: Path) -> dict[str, Path]:
 
 
 def build(tmp_path: Path, entries: list[dict], **kwargs) -> TranslationDataModule:
-    dm = TranslationDataModule(
+    return prepared_datamodule(
         source="local", root=None, vocab_size=VOCAB, max_tokens=256, max_len=120, num_workers=0,
         cache_dir=str(tmp_path / "cache"), corpora=entries, **kwargs,
     )  # fmt: skip
-    dm.prepare_data()
-    dm.setup("fit")
-    return dm
 
 
 def test_tags_and_target_tokens_are_one_piece_first_in_the_sources(tmp_path, corpora) -> None:

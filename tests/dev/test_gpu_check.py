@@ -16,6 +16,8 @@ import torch
 from tests.dev.gpu_check_dry import HELPER, SHARED, STAGE_FILES, run
 from tests.tiny import REPO
 
+pytestmark = pytest.mark.bench  # a script of bench/ or dev/
+
 
 def test_every_stage_leaves_at_most_eight_files() -> None:
     assert all(len(SHARED | files) <= 8 for files in STAGE_FILES.values())  # the GPU tool's limit
@@ -31,6 +33,7 @@ class Planted:
         return (Path.write_text, (self.marker, "ran"))
 
 
+@pytest.mark.slow
 def test_run_info_loads_checkpoints_safely(tmp_path) -> None:
     """gpu_check.py reads last.ckpt as the project does (weights_only: tensors and plain values):
     a checkpoint carrying pickled code is refused, and the code never runs."""
@@ -46,6 +49,7 @@ def test_run_info_loads_checkpoints_safely(tmp_path) -> None:
     assert done.returncode != 0 and "cannot be read" in done.stderr
 
 
+@pytest.mark.slow
 def test_run_info_reads_the_precision_lightning_chose(tmp_path) -> None:
     log = tmp_path / "train.log"
     for line, precision in [("Using bfloat16 Automatic Mixed Precision (AMP)", "bf16-mixed"),
@@ -59,6 +63,7 @@ def test_run_info_reads_the_precision_lightning_chose(tmp_path) -> None:
         assert f"precision={precision}\n" in done.stdout and "last_ckpt=missing" in done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="with a GPU this would run stage 1 for real")
 def test_a_real_run_without_a_gpu_stops_at_once(tmp_path) -> None:
     done = run("1", "--out", str(tmp_path), timeout=120)
