@@ -114,6 +114,7 @@ def test_budget_schedule_equals_the_hand_formula_and_ends_at_min_lr(shape):
     assert lrs[20] == pytest.approx(2.0 * 0.1)  # the last update at min_lr
 
 
+@pytest.mark.slow
 def test_budget_schedule_needs_an_end_of_training_and_names_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"optim.scheduler.shape=wsd .* neither trainer.max_s"):
         validate_config(compose_cfg(["optim=adamw_wsd", "~experiment"], tmp_path))

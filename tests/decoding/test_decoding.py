@@ -455,6 +455,7 @@ def test_an_ensemble_of_one_model_or_of_copies_of_it_decodes_as_the_model(option
     assert copies_scores == [pytest.approx(s, abs=1e-5) for s in scores]
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_two_models_decodes_their_mean_probabilities() -> None:
     torch.manual_seed(1)
     models, src = [random_model(), random_model()], sources()
