@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from tests.tiny import REPO
 
 SCRIPT = REPO / "dev" / "gpu_check.sh"
@@ -46,6 +48,16 @@ def run(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 def dry_run(stage: str, out: Path) -> tuple[subprocess.CompletedProcess, Path]:
     """``bash dev/gpu_check.sh STAGE --dry-run --out OUT``: its process and its folder."""
     return run(stage, "--dry-run", "--out", str(out)), out
+
+
+def dry_fixture(stage: str):
+    """The module's ``dry`` fixture: the stage's dry run, run once for its tests."""
+
+    @pytest.fixture(scope="module")
+    def dry(tmp_path_factory) -> tuple[subprocess.CompletedProcess, Path]:
+        return dry_run(stage, tmp_path_factory.mktemp(f"gpu_check_{stage}"))
+
+    return dry
 
 
 def read(out: Path, name: str) -> str:

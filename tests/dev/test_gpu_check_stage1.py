@@ -8,14 +8,10 @@ import re
 
 import pytest
 
-from tests.dev.gpu_check_dry import check_stage, dry_run, read
+from tests.dev.gpu_check_dry import check_stage, dry_fixture, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.bench]
-
-
-@pytest.fixture(scope="module")
-def dry(tmp_path_factory):
-    return dry_run("1", tmp_path_factory.mktemp("gpu_check_1"))
+dry = dry_fixture("1")  # the stage's dry run, once for the module
 
 
 def test_stage_1_exits_0_with_its_files_and_a_table_per_size(dry) -> None:

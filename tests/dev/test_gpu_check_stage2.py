@@ -8,14 +8,10 @@ import re
 
 import pytest
 
-from tests.dev.gpu_check_dry import check_stage, dry_run, read
+from tests.dev.gpu_check_dry import check_stage, dry_fixture, read
 
 pytestmark = [pytest.mark.slow, pytest.mark.bench]
-
-
-@pytest.fixture(scope="module")
-def dry(tmp_path_factory):
-    return dry_run("2", tmp_path_factory.mktemp("gpu_check_2"))
+dry = dry_fixture("2")  # the stage's dry run, once for the module
 
 
 def test_stage_2_exits_0_with_its_files_and_the_pace_table(dry) -> None:
