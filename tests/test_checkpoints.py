@@ -49,6 +49,7 @@ def test_gpu_random_state_resumes_on_a_machine_with_fewer_gpus(monkeypatch):
 NO_VAL = ["validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
 
 
+@pytest.mark.slow
 def test_ema_of_the_weights_is_the_formula_over_the_steps(corpus, tmp_path):
     """Runs of 1, 2 and 3 steps (the same seed: the same first steps) give the trained weights
     w1, w2, w3 (``current_model_state``); the 3-step run's weights (``state_dict``, what
@@ -70,6 +71,7 @@ def test_ema_of_the_weights_is_the_formula_over_the_steps(corpus, tmp_path):
     assert torch.equal(model.state_dict()[key.removeprefix("model.")], ckpts[2]["state_dict"][key])
 
 
+@pytest.mark.slow
 def test_ema_resumes_exactly(corpus, tmp_path):
     """8 steps in one run == 4 steps, checkpoint, resume to 8: the same average, trained weights
     and validation losses (validation runs on the average), dropout on. (Validation at steps 3

@@ -11,7 +11,7 @@ from lightning.fabric.utilities.apply_func import move_data_to_device
 from torch import Tensor
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from tests.test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
+from tests.decoding.test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
 from tests.tiny import lengths_to_pad_mask, padded_batch, tiny_model, tiny_model_config
 from transformer import KVCache, MultiheadAttention
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample

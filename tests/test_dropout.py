@@ -22,6 +22,7 @@ def test_drop_rate_is_p_for_every_element_position(p):
     torch.testing.assert_close(out[~dropped], torch.full_like(out[~dropped], scale))
 
 
+@pytest.mark.slow
 def test_expected_output_is_the_input_and_dtype_and_shape_are_kept():
     torch.manual_seed(1)
     x = torch.randn(64, 33, 16).bfloat16()

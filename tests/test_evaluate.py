@@ -14,12 +14,11 @@ from pathlib import Path
 import pytest
 import sacrebleu
 import torch
-from hydra import compose, initialize_config_dir
 
 from tests.tiny import (
-    CONFIGS,
     REPO,
     compose_cfg,
+    compose_eval_cfg,
     other_tokenizer,
     tiny_overrides,
     trained_elsewhere,
@@ -50,19 +49,15 @@ def trained(corpus, tmp_path_factory) -> tuple[Path, Path]:
     return out / "checkpoints" / "last.ckpt", corpus
 
 
-def eval_cfg(overrides: list[str], out_dir: Path):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-
-
 def lines(path: Path) -> list[str]:
     return path.read_text(encoding="utf-8").splitlines()
 
 
+@pytest.mark.slow
 def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) -> None:
     ckpt, corpus = trained
     metrics = evaluate(
-        eval_cfg([f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3"], tmp_path)
+        compose_eval_cfg([f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3"], tmp_path)
     )
     written = json.loads((tmp_path / "metrics.json").read_text())
     assert written == json.loads(json.dumps(metrics))
@@ -80,31 +75,36 @@ def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) ->
     assert written["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # device=auto
 
 
+@pytest.mark.slow
 def test_a_split_alias_is_resolved_once(trained, tmp_path) -> None:
     """split=test names the file split data.test_split says, even when that is another
     alias's name: the swapped names translate and score the val files."""
     ckpt, corpus = trained
     swapped = ["data.test_split=val", "data.val_split=test"]
-    metrics = evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=test", *swapped], tmp_path))
+    metrics = evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "split=test", *swapped], tmp_path))
     hyps, refs = lines(tmp_path / "hypotheses.txt"), lines(corpus / "val.de")
     assert metrics["split"] == "val"
     assert metrics["bleu"] == pytest.approx(sacrebleu.corpus_bleu(hyps, [refs]).score)
-    unswapped = evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=val"], tmp_path / "val"))
+    unswapped = evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "split=val"], tmp_path / "val"))
     assert lines(tmp_path / "val" / "hypotheses.txt") == hyps
     assert unswapped["bleu"] == pytest.approx(metrics["bleu"])
 
 
+@pytest.mark.slow
 def test_input_file_translates_like_the_split(trained, tmp_path) -> None:
     ckpt, corpus = trained
-    evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode=greedy"], tmp_path / "split"))
+    evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "decode=greedy"], tmp_path / "split"))
     text = tmp_path / "input.txt"
     text.write_text("\n".join(lines(corpus / "test.en")[:5] + ["", "a dog"]) + "\n")
-    out = evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode=greedy", f"input={text}"], tmp_path))
+    out = evaluate(
+        compose_eval_cfg([f"ckpt_path={ckpt}", "decode=greedy", f"input={text}"], tmp_path)
+    )
     translations = lines(tmp_path / "hypotheses.txt")
     assert translations[:5] == lines(tmp_path / "split" / "hypotheses.txt")[:5]
     assert translations[5] == "" and len(translations) == out["lines"] == 7
 
 
+@pytest.mark.slow
 def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, caplog) -> None:
     """One translation per input line whatever the file's quirks: a UTF-8 byte-order mark is
     dropped, CRLF line ends are line ends, a U+2028 inside a sentence does not split it, blank
@@ -116,19 +116,20 @@ def test_input_file_quirks_translate_as_their_clean_lines(trained, tmp_path, cap
     quirky.write_bytes(b"\xef\xbb\xbf" + "\r\n".join(clean).encode("utf-8"))  # no final newline
     greedy = [f"ckpt_path={ckpt}", "decode=greedy"]
     with caplog.at_level(logging.WARNING, logger="transformer.data.collate"):
-        evaluate(eval_cfg([*greedy, f"input={quirky}"], tmp_path / "quirky"))
+        evaluate(compose_eval_cfg([*greedy, f"input={quirky}"], tmp_path / "quirky"))
     assert "1 input line(s) have more than 256 pieces" in caplog.text
     assert "(first: line 5)" in caplog.text
-    evaluate(eval_cfg([*greedy, f"input={plain}"], tmp_path / "plain"))
+    evaluate(compose_eval_cfg([*greedy, f"input={plain}"], tmp_path / "plain"))
     got = lines(tmp_path / "quirky" / "hypotheses.txt")
     assert len(got) == len(clean) and got[2] == ""
     assert got == lines(tmp_path / "plain" / "hypotheses.txt")
     utf16 = tmp_path / "utf16.txt"
     utf16.write_bytes("a dog runs\n".encode("utf-16"))
     with pytest.raises(DataError, match=r"utf16.txt, line 1: a UTF-16 or UTF-32 byte-order mark"):
-        evaluate(eval_cfg([*greedy, f"input={utf16}"], tmp_path / "utf16"))
+        evaluate(compose_eval_cfg([*greedy, f"input={utf16}"], tmp_path / "utf16"))
 
 
+@pytest.mark.slow
 def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_path) -> None:
     """A run resumed elsewhere stores the same SentencePiece models under its own cache's file
     names, and a run that trained them again in another process holds them with another record
@@ -153,6 +154,7 @@ def test_averaging_compares_tokenizer_models_not_their_file_names(trained, tmp_p
         load_ensemble([ckpt, tmp_path / "other.ckpt"])
 
 
+@pytest.mark.slow
 def test_averaged_checkpoint(trained, tmp_path) -> None:
     ckpt, _ = trained
     tripled = load_checkpoint(ckpt)
@@ -164,44 +166,49 @@ def test_averaged_checkpoint(trained, tmp_path) -> None:
         torch.testing.assert_close(averaged["state_dict"][key], value * 2)
     assert "optimizer_states" not in averaged
     # The same average, made on the fly, evaluates to the same translations.
-    evaluate(eval_cfg([f"ckpt_path={tmp_path / 'avg.ckpt'}", "decode=greedy"], tmp_path / "a"))
+    evaluate(
+        compose_eval_cfg([f"ckpt_path={tmp_path / 'avg.ckpt'}", "decode=greedy"], tmp_path / "a")
+    )
     both = f"ckpt_path=[{ckpt},{tmp_path / 'tripled.ckpt'}]"
-    evaluate(eval_cfg([both, "decode=greedy"], tmp_path / "b"))
+    evaluate(compose_eval_cfg([both, "decode=greedy"], tmp_path / "b"))
     assert lines(tmp_path / "a" / "hypotheses.txt") == lines(tmp_path / "b" / "hypotheses.txt")
     # A glob pattern names the same set (epoch checkpoints: ckpt_path='OUT/checkpoints/epochs/*').
     pair = tmp_path / "pair"
     pair.mkdir()
     shutil.copy(ckpt, pair / "a.ckpt")
     shutil.copy(tmp_path / "tripled.ckpt", pair / "b.ckpt")
-    out = evaluate(eval_cfg([f"ckpt_path='{pair}/*.ckpt'", "decode=greedy"], tmp_path / "c"))
+    out = evaluate(
+        compose_eval_cfg([f"ckpt_path='{pair}/*.ckpt'", "decode=greedy"], tmp_path / "c")
+    )
     assert out["checkpoints"] == [str(pair / "a.ckpt"), str(pair / "b.ckpt")]
     assert lines(tmp_path / "c" / "hypotheses.txt") == lines(tmp_path / "a" / "hypotheses.txt")
 
 
+@pytest.mark.slow
 def test_bfloat16_weights_when_asked_float32_on_cpu_by_default(trained, tmp_path) -> None:
     ckpt, corpus = trained
     run = [f"ckpt_path={ckpt}", "split=test", "decode.beam_size=3", "device=cpu"]
-    metrics = evaluate(eval_cfg([*run, "dtype=bfloat16"], tmp_path))
+    metrics = evaluate(compose_eval_cfg([*run, "dtype=bfloat16"], tmp_path))
     assert metrics["dtype"] == "bfloat16"
     assert metrics["backend"].startswith("decoding on cpu in bfloat16: oneDNN linear layers")
     assert len(lines(tmp_path / "hypotheses.txt")) == len(lines(corpus / "test.de"))
-    assert evaluate(eval_cfg(run, tmp_path / "auto"))["dtype"] == "float32"  # dtype=auto
+    assert evaluate(compose_eval_cfg(run, tmp_path / "auto"))["dtype"] == "float32"  # dtype=auto
 
 
 def test_dtype_is_checked_before_any_work(tmp_path) -> None:
     missing = f"ckpt_path={tmp_path / 'none.ckpt'}"  # the option is refused first
     with pytest.raises(ValueError, match="dtype=float16 is for GPUs.*use dtype=bfloat16"):
-        evaluate(eval_cfg([missing, "dtype=float16", "device=cpu"], tmp_path))
+        evaluate(compose_eval_cfg([missing, "dtype=float16", "device=cpu"], tmp_path))
     choices = re.escape("dtype=half is not one of auto | float32 | bfloat16 | float16")
     with pytest.raises(ValueError, match=choices):
-        evaluate(eval_cfg([missing, "dtype=half"], tmp_path))
+        evaluate(compose_eval_cfg([missing, "dtype=half"], tmp_path))
     with pytest.raises(ValueError, match=r"decode\.graphs=true: CUDA graphs need a GPU"):
-        evaluate(eval_cfg([missing, "decode.graphs=true", "device=cpu"], tmp_path))
+        evaluate(compose_eval_cfg([missing, "decode.graphs=true", "device=cpu"], tmp_path))
 
 
 def test_glob_matching_nothing_is_refused(tmp_path) -> None:
     with pytest.raises(CheckpointError, match=r"ckpt_path=.*nothing/\*.ckpt matches no file"):
-        evaluate(eval_cfg([f"ckpt_path='{tmp_path}/nothing/*.ckpt'"], tmp_path / "out"))
+        evaluate(compose_eval_cfg([f"ckpt_path='{tmp_path}/nothing/*.ckpt'"], tmp_path / "out"))
 
     # A run shorter than one epoch: checkpoints/epochs/ is empty, checkpoints/last.ckpt exists.
     (tmp_path / "checkpoints" / "epochs").mkdir(parents=True)
@@ -209,11 +216,12 @@ def test_glob_matching_nothing_is_refused(tmp_path) -> None:
     pattern = f"{tmp_path}/checkpoints/epochs/*.ckpt"
     last = tmp_path / "checkpoints" / "last.ckpt"
     with pytest.raises(CheckpointError) as err:
-        evaluate(eval_cfg([f"ckpt_path='{pattern}'"], tmp_path / "out"))
+        evaluate(compose_eval_cfg([f"ckpt_path='{pattern}'"], tmp_path / "out"))
     assert str(err.value).startswith(f"ckpt_path={pattern} matches no file; {last} exists")
     assert str(err.value).endswith(f"evaluate it with ckpt_path={last}")
 
 
+@pytest.mark.slow
 def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
     ckpt, _ = trained
     other = load_checkpoint(ckpt)
@@ -221,30 +229,33 @@ def test_tokenizer_of_another_vocabulary_is_refused(trained, tmp_path) -> None:
     torch.save(other, tmp_path / "other.ckpt")
     (tmp_path / "metrics.json").write_text("{}")  # an earlier run's: must not pass for this one's
     with pytest.raises(CheckpointError, match="has 64 pieces but the model's tgt_vocab_size is 80"):
-        evaluate(eval_cfg([f"ckpt_path={tmp_path / 'other.ckpt'}"], tmp_path))
+        evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'other.ckpt'}"], tmp_path))
     assert not (tmp_path / "metrics.json").exists()
 
 
+@pytest.mark.slow
 def test_checkpoint_without_tokenizer_models_is_refused(trained, tmp_path) -> None:
     ckpt, _ = trained
     stripped = load_checkpoint(ckpt)
     del stripped["tokenizers"]
     torch.save(stripped, tmp_path / "stripped.ckpt")
     with pytest.raises(CheckpointError, match="stripped.ckpt carries no tokenizer models"):
-        evaluate(eval_cfg([f"ckpt_path={tmp_path / 'stripped.ckpt'}"], tmp_path / "out"))
+        evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'stripped.ckpt'}"], tmp_path / "out"))
     assert not list((tmp_path / "out").iterdir())  # no hypotheses.txt, no metrics.json
 
 
+@pytest.mark.slow
 def test_truncated_or_missing_checkpoint_is_named(trained, tmp_path) -> None:
     ckpt, _ = trained
     truncated = tmp_path / "truncated.ckpt"
     truncated.write_bytes(ckpt.read_bytes()[:5000])
     with pytest.raises(CheckpointError, match=f"checkpoint {truncated} cannot be read"):
-        evaluate(eval_cfg([f"ckpt_path={truncated}"], tmp_path))
+        evaluate(compose_eval_cfg([f"ckpt_path={truncated}"], tmp_path))
     with pytest.raises(CheckpointError, match="does not exist"):
-        evaluate(eval_cfg([f"ckpt_path={tmp_path / 'nothing.ckpt'}"], tmp_path))
+        evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'nothing.ckpt'}"], tmp_path))
 
 
+@pytest.mark.slow
 def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     ckpt, corpus = trained
     run = [sys.executable, "evaluate.py", f"ckpt_path={ckpt}", "decode.beam_size=2"]
@@ -290,6 +301,7 @@ runpy.run_path("evaluate.py", run_name="__main__")
 """
 
 
+@pytest.mark.slow
 def test_evaluate_py_prints_a_user_error_in_one_line_and_a_bug_with_its_traceback(tmp_path):
     def run(exception: str) -> subprocess.CompletedProcess:
         script = RAISING_EVALUATE.format(exception)
@@ -306,6 +318,7 @@ def test_evaluate_py_prints_a_user_error_in_one_line_and_a_bug_with_its_tracebac
     assert "error: a bug" not in bug.stderr
 
 
+@pytest.mark.slow
 def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path) -> None:
     """What evaluate.py printed as one line while it caught every ValueError still does."""
     ckpt, _ = trained
@@ -321,13 +334,14 @@ def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path)
     ]  # fmt: skip
     for overrides, error, message in cases:
         with pytest.raises(error, match=message):
-            evaluate(eval_cfg([f"ckpt_path={ckpt}", *overrides], tmp_path / "out"))
+            evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", *overrides], tmp_path / "out"))
     edited = load_checkpoint(ckpt)
     edited["hyper_parameters"]["model"]["num_heads"] = 3  # does not divide d_model
     with pytest.raises(CheckpointError, match="edited.ckpt: its model config is invalid"):
         model_from_checkpoint(edited, "edited.ckpt")
 
 
+@pytest.mark.slow
 def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> None:
     ckpt, corpus = trained
     script = REPO / "bench" / "bench_translate.py"
@@ -369,6 +383,7 @@ def source_file(corpus: Path, path: Path) -> Path:
     ],
     ids=["greedy", "beam_nbest_scores", "sample_nbest"],
 )
+@pytest.mark.slow
 def test_a_file_translated_in_chunks_and_resumed_after_a_kill_equals_one_run(
     trained, tmp_path, decode
 ) -> None:
@@ -379,7 +394,7 @@ def test_a_file_translated_in_chunks_and_resumed_after_a_kill_equals_one_run(
     source = source_file(corpus, tmp_path / "source.en")
     run = [f"ckpt_path={ckpt}", f"input={source}", *decode]
     whole = tmp_path / "whole.txt"
-    out = evaluate(eval_cfg([*run, f"output={whole}", "input_chunk=100"], tmp_path / "a"))
+    out = evaluate(compose_eval_cfg([*run, f"output={whole}", "input_chunk=100"], tmp_path / "a"))
     per_line = 1 if decode == ["decode=greedy"] else int(decode[1].split("=")[1])
     assert out == {"output": str(whole), "lines": 34, "resumed_at": 0, "decode": out["decode"],
                    "checkpoints": [str(ckpt)]}  # fmt: skip
@@ -390,13 +405,18 @@ def test_a_file_translated_in_chunks_and_resumed_after_a_kill_equals_one_run(
         killed = tmp_path / f"killed{chunk}.txt"
         kept = b"".join(expected.splitlines(keepends=True)[:cut])
         killed.write_bytes(kept + b"half a transl")  # a line cut short, no line end
-        resumed = evaluate(eval_cfg([*run, f"output={killed}", f"input_chunk={chunk}"], tmp_path))
+        resumed = evaluate(
+            compose_eval_cfg([*run, f"output={killed}", f"input_chunk={chunk}"], tmp_path)
+        )
         assert resumed["resumed_at"] == cut // per_line and resumed["lines"] == 34
         assert killed.read_bytes() == expected
-    again = evaluate(eval_cfg([*run, f"output={whole}"], tmp_path / "b"))  # nothing left to do
+    again = evaluate(
+        compose_eval_cfg([*run, f"output={whole}"], tmp_path / "b")
+    )  # nothing left to do
     assert again["resumed_at"] == 34 and whole.read_bytes() == expected
 
 
+@pytest.mark.slow
 def test_an_output_of_another_input_and_misplaced_options_are_refused(trained, tmp_path):
     ckpt, corpus = trained
     source = source_file(corpus, tmp_path / "source.en")
@@ -404,7 +424,7 @@ def test_an_output_of_another_input_and_misplaced_options_are_refused(trained, t
     longer.write_text("x\n" * 40)
     run = [f"ckpt_path={ckpt}", "decode=greedy"]
     with pytest.raises(ConfigError, match=r"holds results for 40 lines but input=.* has 34"):
-        evaluate(eval_cfg([*run, f"input={source}", f"output={longer}"], tmp_path))
+        evaluate(compose_eval_cfg([*run, f"input={source}", f"output={longer}"], tmp_path))
     cases = [
         (["output=x.txt"], "output=x.txt is where input=FILE's translations or score=true's"),
         ([f"input={source}", "input_chunk=0"], r"input_chunk must be an integer >= 1"),
@@ -416,11 +436,11 @@ def test_an_output_of_another_input_and_misplaced_options_are_refused(trained, t
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
-            evaluate(eval_cfg([*run, *overrides], tmp_path / "out"))
+            evaluate(compose_eval_cfg([*run, *overrides], tmp_path / "out"))
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("a dog\tein hund\na cat\n")
     with pytest.raises(DataError, match=r"pairs.tsv, line 2: 1 tab-separated fields; score=true"):
-        evaluate(eval_cfg([*run, "score=true", f"input={tsv}"], tmp_path / "out"))
+        evaluate(compose_eval_cfg([*run, "score=true", f"input={tsv}"], tmp_path / "out"))
 
 
 @torch.no_grad()
@@ -435,11 +455,12 @@ def teacher_forced(ckpt: Path, source: str, target: str) -> list[float]:
     return lprobs.gather(1, torch.tensor([[*y, EOS_ID]]).T).squeeze(1).tolist()
 
 
+@pytest.mark.slow
 def test_scores_of_the_split_or_a_tsv_are_teacher_forced_log_probabilities(trained, tmp_path):
     ckpt, corpus = trained
     sources, references = lines(corpus / "test.en"), lines(corpus / "test.de")
     run = [f"ckpt_path={ckpt}", "score=true", "scoring.per_token=true", "decode.max_tokens=64"]
-    out = evaluate(eval_cfg([*run, "scoring.len_penalty=1.0"], tmp_path / "split"))
+    out = evaluate(compose_eval_cfg([*run, "scoring.len_penalty=1.0"], tmp_path / "split"))
     assert out["lines"] == 32 and out["output"] == str(tmp_path / "split" / "scores.txt")
     rows = [line.split("\t") for line in lines(tmp_path / "split" / "scores.txt")]
     for i in (0, 7, 31):
@@ -450,13 +471,16 @@ def test_scores_of_the_split_or_a_tsv_are_teacher_forced_log_probabilities(train
     tsv = tmp_path / "pairs.tsv"
     tsv.write_text("".join(f"{s}\t{r}\n" for s, r in zip(sources, references, strict=True)))
     summed = tmp_path / "summed.txt"
-    evaluate(eval_cfg([*run, f"input={tsv}", f"output={summed}", "input_chunk=5"], tmp_path))
+    evaluate(
+        compose_eval_cfg([*run, f"input={tsv}", f"output={summed}", "input_chunk=5"], tmp_path)
+    )
     for row, line in zip(rows, lines(summed), strict=True):
         total, tokens = line.split("\t")
         assert tokens == row[1]
         assert float(total) == pytest.approx(sum(float(x) for x in tokens.split()), abs=1e-3)
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_copies_translates_as_the_model_and_averaging_stays_the_default(
     trained, tmp_path
 ):
@@ -464,23 +488,28 @@ def test_an_ensemble_of_copies_translates_as_the_model_and_averaging_stays_the_d
     tripled = load_checkpoint(ckpt)
     tripled["state_dict"] = {k: v * 3 for k, v in tripled["state_dict"].items()}
     torch.save(tripled, tmp_path / "tripled.ckpt")
-    one = evaluate(eval_cfg([f"ckpt_path={ckpt}", "decode.beam_size=3"], tmp_path / "one"))
+    one = evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "decode.beam_size=3"], tmp_path / "one"))
     both = f"ckpt_path=[{ckpt},{ckpt}]"
-    copies = evaluate(eval_cfg([both, "ensemble=true", "decode.beam_size=3"], tmp_path / "two"))
+    copies = evaluate(
+        compose_eval_cfg([both, "ensemble=true", "decode.beam_size=3"], tmp_path / "two")
+    )
     assert lines(tmp_path / "two" / "hypotheses.txt") == lines(tmp_path / "one" / "hypotheses.txt")
     assert copies["ensemble"] and not one["ensemble"] and copies["bleu"] == one["bleu"]
     other = f"ckpt_path=[{ckpt},{tmp_path / 'tripled.ckpt'}]"
-    evaluate(eval_cfg([other, "ensemble=true", "decode=greedy"], tmp_path / "ensemble"))
-    evaluate(eval_cfg([other, "decode=greedy"], tmp_path / "average"))
+    evaluate(compose_eval_cfg([other, "ensemble=true", "decode=greedy"], tmp_path / "ensemble"))
+    evaluate(compose_eval_cfg([other, "decode=greedy"], tmp_path / "average"))
     ensembled, averaged = (lines(tmp_path / d / "hypotheses.txt") for d in ("ensemble", "average"))
     assert ensembled != averaged  # the mean of probabilities, not of weights
 
 
+@pytest.mark.slow
 def test_alignments_pair_every_target_word_with_a_source_word(trained, tmp_path) -> None:
     ckpt, corpus = trained
     source = source_file(corpus, tmp_path / "source.en")
     run = [f"ckpt_path={ckpt}", f"input={source}", "decode=greedy", "decode.alignment=true"]
-    evaluate(eval_cfg([*run, "decode.alignment_head=1", "decode.print_scores=true"], tmp_path))
+    evaluate(
+        compose_eval_cfg([*run, "decode.alignment_head=1", "decode.print_scores=true"], tmp_path)
+    )
     for src, line in zip(lines(source), lines(tmp_path / "hypotheses.txt"), strict=True):
         score, text, alignment = line.split("\t")
         if not src:
@@ -490,4 +519,4 @@ def test_alignments_pair_every_target_word_with_a_source_word(trained, tmp_path)
         assert [t for _, t in pairs] == list(range(len(text.split())))
         assert all(0 <= s < len(src.split()) for s, _ in pairs)
     with pytest.raises(ConfigError, match=r"decode\.alignment_layer=5, but the model has 2"):
-        evaluate(eval_cfg([*run, "decode.alignment_layer=5"], tmp_path / "bad"))
+        evaluate(compose_eval_cfg([*run, "decode.alignment_layer=5"], tmp_path / "bad"))

@@ -16,8 +16,8 @@ import pytest
 import sentencepiece as spm
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
+from tests.tiny import compose_eval_cfg
 from transformer import Transformer, TransformerConfig
 from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
@@ -293,12 +293,14 @@ def source_lines(trained) -> list[str]:
     ],
     ids=["greedy", "min_len", "max_len", "no_repeat"],
 )
+@pytest.mark.slow
 def test_greedy_translations_equal_ours(trained, exported, options) -> None:
     ours, theirs = ours_and_theirs(trained, exported, options, source_lines(trained))
     assert [t[0].text for t in theirs] == [t[0].text for t in ours]
     assert len({t[0].text for t in ours}) > 90  # real, different translations
 
 
+@pytest.mark.slow
 def test_one_call_for_all_limits_lets_sentences_exceed_their_own(trained, exported) -> None:
     options = DecodeOptions(strategy="greedy", max_len_a=0.5, max_len_b=1)
     lines = source_lines(trained)
@@ -308,6 +310,7 @@ def test_one_call_for_all_limits_lets_sentences_exceed_their_own(trained, export
     assert sum(longer) > 10
 
 
+@pytest.mark.slow
 def test_beam_translations_agree_on_nearly_all_sentences(trained, exported) -> None:
     """Beam 5: the same translations on >= 97% of the sentences. CTranslate2 removes the ids it
     bans (eos before min_len, pad, bos) before its softmax, we after ours: its scores are ours
@@ -324,6 +327,7 @@ def test_beam_translations_agree_on_nearly_all_sentences(trained, exported) -> N
             assert o[0].score - 1e-5 <= t[0].score <= o[0].score + 0.02
 
 
+@pytest.mark.slow
 def test_beam_scores_equal_ours_where_nothing_is_banned(trained, exported) -> None:
     """min_len=0 and no banned ids: the same search, so the same hypotheses with the same scores
     (log-probability with eos / length ** len_penalty)."""
@@ -341,6 +345,7 @@ def test_beam_scores_equal_ours_where_nothing_is_banned(trained, exported) -> No
         assert r.scores[0] == pytest.approx(o[0].score, abs=1e-5)
 
 
+@pytest.mark.slow
 def test_export_of_several_checkpoints_is_that_of_their_average(trained, tmp_path) -> None:
     paths = [str(p) for p in trained[0]]
     torch.save(average_checkpoints(paths), tmp_path / "avg.ckpt")
@@ -358,6 +363,7 @@ def cpu_has_avx512() -> bool:
     return not cpuinfo.is_file() or "avx512bw" in cpuinfo.read_text()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("quantization", ["int8", "bfloat16"])
 def test_quantized_models_translate_nearly_as_float32(trained, exported, tmp_path, quantization):
     """Greedy translations of the tiny model (many near ties) mostly as float32's. On a CPU
@@ -376,6 +382,7 @@ def test_quantized_models_translate_nearly_as_float32(trained, exported, tmp_pat
     assert sum(same) / len(same) >= bar
 
 
+@pytest.mark.slow
 def test_export_refuses_bad_arguments(trained, exported, tmp_path, capsys) -> None:
     ckpt = str(trained[0][-1])
     with pytest.raises(SystemExit, match="exists and is not empty; choose another OUT_DIR"):
@@ -390,6 +397,7 @@ def test_export_refuses_bad_arguments(trained, exported, tmp_path, capsys) -> No
     assert not (tmp_path / "out").exists()
 
 
+@pytest.mark.slow
 def test_force_replaces_an_earlier_export_whole_and_nothing_else(trained, tmp_path) -> None:
     """--force swaps a new export in for an earlier one; an export directory holding a file the
     export does not write is refused after the build, unchanged, and no temporary one is left."""
@@ -406,6 +414,7 @@ def test_force_replaces_an_earlier_export_whole_and_nothing_else(trained, tmp_pa
     assert [p.name for p in tmp_path.iterdir()] == ["model"]
 
 
+@pytest.mark.slow
 def test_exported_readme_translates_as_our_greedy_search(trained, exported) -> None:
     block = re.search(r"```python\n(.*?)```", (exported / "README.md").read_text(), re.S)[1]
     scope: dict = {}
@@ -419,11 +428,10 @@ def test_exported_readme_translates_as_our_greedy_search(trained, exported) -> N
 
 
 def evaluate_with(overrides: list[str], out_dir: Path) -> dict:
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-    return evaluate(cfg)
+    return evaluate(compose_eval_cfg(overrides, out_dir))
 
 
+@pytest.mark.slow
 def test_evaluate_scores_an_exported_directory_as_its_checkpoint(trained, exported, tmp_path):
     ours = evaluate_with([f"ckpt_path={trained[0][-1]}", "decode=greedy"], tmp_path / "torch")
     theirs = evaluate_with(
@@ -437,6 +445,7 @@ def test_evaluate_scores_an_exported_directory_as_its_checkpoint(trained, export
     assert theirs["checkpoints"] == [str(exported)]
 
 
+@pytest.mark.slow
 def test_evaluate_engine_ctranslate2_refuses_what_it_cannot_do(trained, exported, tmp_path):
     ct2 = [f"ckpt_path={exported}", "engine=ctranslate2"]
     with pytest.raises(ConfigError, match="analysis=heads reads our model's attention"):

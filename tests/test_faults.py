@@ -24,8 +24,7 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.test_evaluate import eval_cfg
-from tests.tiny import REPO, compose_cfg, logged, tiny_overrides, write_lines
+from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrides, write_lines
 from transformer import atomic, lit_module, run_dir
 from transformer.atomic import HOST
 from transformer.callbacks import AtomicCheckpointIO
@@ -61,6 +60,7 @@ def test_interrupted_write_leaves_the_previous_checkpoint(tmp_path, monkeypatch)
     assert [p.name for p in tmp_path.iterdir()] == ["last.ckpt"]  # no temporary file left
 
 
+@pytest.mark.slow
 def test_training_crash_during_a_checkpoint_write_keeps_the_last_one(corpus, tmp_path, monkeypatch):
     """The Trainer writes through the atomic plugin: a save that dies at step 4 leaves step 2's."""
     save = AtomicCheckpointIO.save_checkpoint
@@ -117,6 +117,7 @@ def final_loss(out_dir: Path) -> float:
     return logged(out_dir, "train/loss")[-1]
 
 
+@pytest.mark.slow
 def test_sigkill_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
     """Killed mid-epoch between two periodic checkpoints, resumed from last.ckpt: the same final
     weights and loss as a run never interrupted (10 steps of a 16-batch epoch, dropout on)."""
@@ -142,6 +143,7 @@ def test_sigkill_then_resume_matches_an_uninterrupted_run(corpus, tmp_path):
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
 def test_sigterm_or_ctrl_c_writes_a_checkpoint_before_exiting(corpus, tmp_path, signum):
     run = tmp_path / "run"  # no periodic checkpoint: only the signal makes one
@@ -161,6 +163,7 @@ def test_sigterm_or_ctrl_c_writes_a_checkpoint_before_exiting(corpus, tmp_path, 
     assert load_checkpoint(run / "checkpoints" / "last.ckpt")["global_step"] == step
 
 
+@pytest.mark.slow
 def test_sigterm_before_training_starts_still_writes_a_checkpoint(corpus, tmp_path):
     """Lightning's own SIGTERM handling (active during the sanity check) would exit 0 without a
     checkpoint after the first step; the run stops as for a SIGTERM during training."""
@@ -183,6 +186,7 @@ def test_sigterm_before_training_starts_still_writes_a_checkpoint(corpus, tmp_pa
 # -- determinism ---------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_same_seed_gives_identical_losses(corpus, tmp_path):
     overrides = [*tiny_overrides(corpus), "model.dropout=0.1", "trainer.max_steps=6"]
     train(compose_cfg(overrides, tmp_path / "a"))
@@ -246,6 +250,7 @@ def weights(path: Path) -> dict[str, torch.Tensor]:
 SKIP_PATHS = {"host": [], "fused": ["optim.optimizer.fused=true", "trainer.log_every_n_steps=5"]}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SKIP_PATHS)
 def test_nan_and_inf_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch, path):
     poison_loss(monkeypatch, {3, 4})
@@ -259,6 +264,7 @@ def test_nan_and_inf_steps_are_skipped_and_counted(corpus, tmp_path, monkeypatch
     assert adam_steps == {6.0}  # 8 steps, 2 of them made no update
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("clip", ["1.0", "null"], ids=["clip", "no-clip"])
 @pytest.mark.parametrize("path", SKIP_PATHS)
 def test_nan_or_inf_gradients_with_a_finite_loss_are_skipped(
@@ -279,6 +285,7 @@ def test_nan_or_inf_gradients_with_a_finite_loss_are_skipped(
     assert {float(s["step"]) for s in states} == {6.0}  # 8 steps, 2 of them made no update
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SKIP_PATHS)
 def test_skipped_steps_do_not_advance_the_learning_rate_schedule(
     corpus, tmp_path, monkeypatch, path
@@ -308,6 +315,7 @@ def test_skipped_steps_do_not_advance_the_learning_rate_schedule(
         torch.testing.assert_close(value, full["state_dict"][key], rtol=0, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("path", SKIP_PATHS)
 def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpoint(
     corpus, tmp_path, monkeypatch, path
@@ -331,6 +339,7 @@ def test_nan_loss_in_a_row_stops_naming_the_step_and_keeps_the_last_good_checkpo
         torch.testing.assert_close(value, expected[key], rtol=0, atol=0)
 
 
+@pytest.mark.slow
 def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
     """Two CPU processes, the loss NaN on rank 0 only: both skip (no hang in the all-reduce).
     With the GPU defaults: bf16-mixed, fused AdamW skipping in its kernel, clipping."""
@@ -350,6 +359,7 @@ def test_nan_on_one_ddp_rank_skips_the_step_on_every_rank(corpus, tmp_path):
     assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
 
 
+@pytest.mark.slow
 def test_ddp_resume_gives_each_rank_its_own_random_state(corpus, tmp_path):
     """Two CPU processes with dropout: 6 steps in one run == 3 steps, checkpoint, resume to 6.
     The ranks' dropout streams differ (their batches do), so each rank needs its own back."""
@@ -592,6 +602,7 @@ def checksums(root: Path) -> dict[str, str]:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", BAD_TRAINING_INPUT)
 def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_path, request):
     """One line (train.py prints it after ``error:``), no checkpoint, the user's files as they
@@ -609,6 +620,7 @@ def test_bad_training_input_is_a_user_error_naming_the_fault(case, corpus, tmp_p
     assert not [p for p in tmp_path.rglob("*") if ".tmp" in p.name]
 
 
+@pytest.mark.slow
 def test_train_py_reports_a_user_error_in_one_line(tmp_path):
     (tmp_path / "a-file").write_text("")
     cmd = [
@@ -731,6 +743,7 @@ OVERWRITES = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", OVERWRITES)
 def test_a_command_refuses_to_overwrite_its_input_or_an_earlier_result(
     case, corpus, workspace, tmp_path
@@ -754,6 +767,7 @@ def test_a_command_refuses_to_overwrite_its_input_or_an_earlier_result(
     assert checksums(user) == before
 
 
+@pytest.mark.slow
 def test_a_second_run_in_a_directory_being_trained_in_is_refused(corpus, tmp_path):
     """A training run holds its run directory's lock (here the test holds it, as a first run
     would): a second train.py there refuses before writing anything, though the first has no
@@ -787,6 +801,7 @@ def test_two_launches_in_the_same_second_get_run_directories_of_their_own(comman
     assert dirs[0] != dirs[1]
 
 
+@pytest.mark.slow
 def test_stdout_holds_the_translations_alone_and_every_log_line_goes_to_stderr(
     corpus, workspace, tmp_path
 ):
@@ -816,6 +831,7 @@ def test_stdout_holds_the_translations_alone_and_every_log_line_goes_to_stderr(
     assert res.stdout == "" and "finished at step 2" in res.stderr
 
 
+@pytest.mark.slow
 def test_force_replaces_only_what_the_command_writes(corpus, workspace, tmp_path):
     """train.py force=true deletes the earlier run's checkpoints (nothing else) before training;
     evaluate.py force=true translates output= again from its start; averaging --force replaces
@@ -833,11 +849,10 @@ def test_force_replaces_only_what_the_command_writes(corpus, workspace, tmp_path
 
     user = tmp_path / "user"
     shutil.copytree(workspace, user, symlinks=True)
-    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
-        cfg = compose("evaluate", overrides=[
-            f"ckpt_path={user / CKPT}", f"input={user / 's.txt'}", f"output={user / 'out5.txt'}",
-            "decode=greedy", "force=true", f"paths.output_dir={tmp_path / 'eval'}",
-        ])  # fmt: skip
+    cfg = compose_eval_cfg([
+        f"ckpt_path={user / CKPT}", f"input={user / 's.txt'}", f"output={user / 'out5.txt'}",
+        "decode=greedy", "force=true",
+    ], tmp_path / "eval")  # fmt: skip
     assert evaluate(cfg)["resumed_at"] == 0
     assert len((user / "out5.txt").read_text().splitlines()) == 4  # s.txt's lines, not 5 + 4
 
@@ -849,6 +864,7 @@ def test_force_replaces_only_what_the_command_writes(corpus, workspace, tmp_path
     assert load_checkpoint(user / "out5.txt")["averaged_from"] == EPOCHS[:2]
 
 
+@pytest.mark.slow
 def test_an_output_of_a_gzipped_input_is_checked_against_its_lines_then_resumed(
     workspace, tmp_path
 ):
@@ -859,12 +875,10 @@ def test_an_output_of_a_gzipped_input_is_checked_against_its_lines_then_resumed(
     whole, part = user / "whole.txt", user / "part.txt"
 
     def run(output: Path) -> dict:
-        with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
-            cfg = compose("evaluate", overrides=[
-                f"ckpt_path={user / CKPT}", f"input={user / 'two.txt.gz'}", f"output={output}",
-                "decode=greedy", f"paths.output_dir={tmp_path / output.stem}",
-            ])  # fmt: skip
-        return evaluate(cfg)
+        return evaluate(compose_eval_cfg([
+            f"ckpt_path={user / CKPT}", f"input={user / 'two.txt.gz'}", f"output={output}",
+            "decode=greedy",
+        ], tmp_path / output.stem))  # fmt: skip
 
     longer = (user / "out5.txt").read_bytes()
     with pytest.raises(UserError, match=r"out5.txt holds results for 5 lines but input=.* has 2"):
@@ -892,6 +906,7 @@ print(libc.mallinfo2().hblks - mapped)  # 1: mapped for itself (given back when 
 """
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 def test_translating_keeps_glibc_from_raising_its_mmap_threshold(workspace, tmp_path):
     """After evaluate() translates a file, a 2 MiB block is still mapped for itself once a
@@ -949,6 +964,7 @@ def child_processes(pid: int) -> dict[int, bytes]:
     return children
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_ctrl_c_or_sigterm_stops_tokenizer_training_at_once(tmp_path, signum):
     """SentencePiece trains in a child process: Ctrl-C or SIGTERM while it trains ends the run at
@@ -977,6 +993,7 @@ def test_ctrl_c_or_sigterm_stops_tokenizer_training_at_once(tmp_path, signum):
     assert not [p for p in (corpus / "cache").rglob("*") if p.is_file()]
 
 
+@pytest.mark.slow
 def test_temporaries_of_killed_runs_are_removed_by_the_next(corpus, tmp_path):
     """A run killed (SIGKILL) while writing a token cache leaves its temporary directory; so do
     SentencePiece's files of earlier versions and a killed checkpoint write. The next run removes
@@ -1017,6 +1034,7 @@ def test_temporaries_of_killed_runs_are_removed_by_the_next(corpus, tmp_path):
     assert running.is_dir() and elsewhere.is_dir()
 
 
+@pytest.mark.slow
 def test_a_damaged_token_cache_is_built_again(corpus, tmp_path, caplog):
     """A token cache cut short or overwritten inside (a disk fault, a copy cut short) is found
     damaged when loaded, said so in the log, and built again, equal to the first."""
@@ -1040,6 +1058,7 @@ def test_a_damaged_token_cache_is_built_again(corpus, tmp_path, caplog):
     assert {p: p.read_bytes() for p in files} == files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("fault", ["truncated", "not gzip"])
 def test_a_damaged_gz_input_to_evaluate_is_named(trained, tmp_path, fault):
     """``evaluate.py input=FILE.gz`` with a gzip file cut short, or a plain file named .gz: an
@@ -1052,5 +1071,5 @@ def test_a_damaged_gz_input_to_evaluate_is_named(trained, tmp_path, fault):
     ckpt = trained / "checkpoints" / "last.ckpt"
     message = "its gzip data is truncated or damaged" if fault == "truncated" else "is not a gzip"
     with pytest.raises(DataError, match=rf"^{source}(: | ){message}"):
-        evaluate(eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
+        evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
     assert source.read_bytes() == before

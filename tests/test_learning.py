@@ -1,5 +1,6 @@
 """A tiny model must actually learn: sequence reversal, decoded greedily through the KV cache."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -47,6 +48,7 @@ def reversing_model(steps: int) -> Transformer:
     return model.eval()
 
 
+@pytest.mark.slow
 def test_tiny_model_learns_to_reverse() -> None:
     model = reversing_model(300)
     src, _, labels = reversal_batch(256, torch.Generator().manual_seed(1))  # unseen sequences

@@ -39,6 +39,7 @@ from transformer.training import train
         ),
     ],
 )
+@pytest.mark.slow
 def test_compiled_training_matches_eager_and_checkpoints_load_uncompiled(backend):
     """A few AdamW steps on batches of changing shapes: torch.compile (dynamic shapes, no
     recompile per shape) gives the eager losses, and its weights load into an uncompiled model.
@@ -116,6 +117,7 @@ def test_padding_a_batch_to_its_bucket_changes_neither_loss_nor_gradients():
         torch.testing.assert_close(got, want)
 
 
+@pytest.mark.slow
 def test_the_compiled_step_compiles_once_per_bucket_with_no_graph_break():
     """Training steps (bf16 autocast, dropout on) on bucketed batches of six raw shapes in two
     buckets: two graphs with static shapes and no graph break; a validation step between them
@@ -229,6 +231,7 @@ class MarkSteps(Callback):
         self.spy.seed(vars(batch).values())
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("ema", [[], ["ema.decay=0.99"]], ids=["default", "ema"])
 def test_training_reads_the_device_only_at_logging_steps(ema, corpus, tmp_path, monkeypatch):
     """With the GPU's defaults (fused AdamW, clipping, the progress bar on), and with the moving

@@ -204,6 +204,7 @@ def test_rdrop_without_dropout_is_the_plain_loss():
     torch.testing.assert_close(got_grads, want_grads, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 def test_training_with_rdrop_learns(corpus, tmp_path):
     """40 steps with R-Drop (alpha 5, dropout 0.1) against 40 without: its validation loss falls
     at every validation, and over the run by at least half as much as without R-Drop (a

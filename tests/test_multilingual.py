@@ -4,34 +4,30 @@ into the language its target token asks for, validate each direction, and evalua
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
-from hydra import compose, initialize_config_dir
+import pytest
 
-from tests.tiny import CONFIGS, compose_cfg, sentence_pairs, tiny_overrides, write_lines
+from tests.tiny import (
+    SPLITS,
+    compose_cfg,
+    compose_eval_cfg,
+    sentence_pairs,
+    tiny_overrides,
+    write_language,
+)
 from transformer.evaluation import evaluate
 from transformer.metrics import score_translations
 from transformer.training import train
 
-SPLITS = {"train": 400, "val": 32, "test": 32}
+
+def short_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
+    return sentence_pairs(n, seed, max_words=6)
 
 
-def write(root: Path, tgt: str, reverse: bool) -> Path:
-    """``{split}.en`` and ``{split}.{tgt}``: the tiny German, its words reversed if ``reverse``
-    (a second "language" of the same English sentences, that only the target token tells
-    apart)."""
-    root.mkdir(parents=True)
-    for seed, (split, n) in enumerate(SPLITS.items()):
-        en, de = sentence_pairs(n, seed, max_words=6)
-        if reverse:
-            de = [" ".join(reversed(x.split())) for x in de]
-        write_lines(root / f"{split}.en", en)
-        write_lines(root / f"{split}.{tgt}", de)
-    return root
-
-
+@pytest.mark.slow
 def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path) -> None:
-    de, xx = write(tmp_path / "de", "de", False), write(tmp_path / "xx", "xx", True)
+    de = write_language(tmp_path / "de", "de", SPLITS, short_pairs)
+    xx = write_language(tmp_path / "xx", "xx", SPLITS, short_pairs, reverse=True)
     overrides = [
         *tiny_overrides(de),
         f"data.corpora=[{{root:'{de}'}},{{root:'{xx}',tgt_lang:xx}}]",
@@ -54,15 +50,8 @@ def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path
     ckpt = out / "checkpoints" / "last.ckpt"
     hyps, refs = {}, {}
     for direction, corpus in (("en-de", de), ("en-xx", xx)):
-        with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-            cfg = compose(
-                "evaluate",
-                overrides=[
-                    f"paths.output_dir={tmp_path / direction}", f"ckpt_path={ckpt}",
-                    "split=test", f"direction={direction}",
-                ],
-            )  # fmt: skip
-        result = evaluate(cfg)
+        overrides = [f"ckpt_path={ckpt}", "split=test", f"direction={direction}"]
+        result = evaluate(compose_eval_cfg(overrides, tmp_path / direction))
         assert result["direction"] == direction
         hyps[direction] = (tmp_path / direction / "hypotheses.txt").read_text().splitlines()
         refs[direction] = (corpus / f"test.{direction[3:]}").read_text().splitlines()

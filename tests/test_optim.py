@@ -114,6 +114,7 @@ def test_budget_schedule_equals_the_hand_formula_and_ends_at_min_lr(shape):
     assert lrs[20] == pytest.approx(2.0 * 0.1)  # the last update at min_lr
 
 
+@pytest.mark.slow
 def test_budget_schedule_needs_an_end_of_training_and_names_the_fix(tmp_path):
     with pytest.raises(ConfigError, match=r"optim.scheduler.shape=wsd .* neither trainer.max_s"):
         validate_config(compose_cfg(["optim=adamw_wsd", "~experiment"], tmp_path))
@@ -132,6 +133,7 @@ BUDGET = ["optim.scheduler.warmup_steps=4", "optim.scheduler.min_lr_ratio=0.1"]
 PEAK = 3e-3  # tiny_overrides' learning rate
 
 
+@pytest.mark.slow
 def test_steps_budget_trains_on_the_hand_formula_to_min_lr(corpus, tmp_path):
     """12 steps of cosine through train(): the rate logged at each step (the one its update
     used) is the formula's at progress n / 12, and the last is min_lr."""
@@ -142,6 +144,7 @@ def test_steps_budget_trains_on_the_hand_formula_to_min_lr(corpus, tmp_path):
     assert want[-1] == pytest.approx(PEAK * 0.1)
 
 
+@pytest.mark.slow
 def test_time_budget_follows_the_timer_and_whichever_limit_ends_first(corpus, tmp_path):
     """A fake clock gives each step 1 s: with max_time 20 s the rate of update n follows the time
     spent before it, (n - 1) / 20; with max_steps 10 as well, the steps end first and lead."""
@@ -156,6 +159,7 @@ def test_time_budget_follows_the_timer_and_whichever_limit_ends_first(corpus, tm
     assert logged(tmp_path / "both", "lr") == pytest.approx(want)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("budget", ["steps", "time"])
 def test_budget_schedule_resumes_exactly(corpus, tmp_path, budget):
     """Stopped after 6 of 14 steps (same budget) and resumed from last.ckpt: the rates and losses

@@ -47,6 +47,7 @@ def combination_id(combo) -> str:
     )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("combo", MATRIX, ids=[combination_id(c) for c in MATRIX])
 def test_combination_trains(corpus, tmp_path, combo):
     precision, fused, clip, accumulate, compiled = combo
@@ -78,6 +79,7 @@ def test_combination_trains(corpus, tmp_path, combo):
         assert ckpt["MixedPrecision"]["scale"] > 0
 
 
+@pytest.mark.slow
 def test_clipping_bounds_the_update_norm_under_bf16_with_fused_adamw(corpus, tmp_path):
     """With a clip far below the gradient norm, the logged norm is the norm before clipping and
     training still moves: the clipped gradients reach the fused kernel."""

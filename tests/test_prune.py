@@ -6,13 +6,11 @@ from __future__ import annotations
 
 import io
 import json
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from tests.tiny import CONFIGS, compose_cfg, tiny_model, tiny_overrides
+from tests.tiny import compose_cfg, compose_eval_cfg, tiny_model, tiny_overrides
 from transformer.checkpoints import (
     load_checkpoint,
     model_from_checkpoint,
@@ -128,6 +126,7 @@ def step(model: Transformer, optimizer: torch.optim.Optimizer, src, tgt) -> None
     optimizer.step()
 
 
+@pytest.mark.slow
 def test_a_pruned_checkpoint_trains_on_as_the_masked_model_would() -> None:
     """AdamW's moments are cut with their weights: a step of the pruned checkpoint's model and
     optimizer equals the pruned result of the masked model's step (masked heads get no
@@ -183,11 +182,7 @@ def test_heads_per_layer_is_checked_by_the_config() -> None:
         TransformerConfig(**sizes, heads_per_layer={"cross": [4]})
 
 
-def eval_cfg(overrides: list[str], out_dir: Path):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-
-
+@pytest.mark.slow
 def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_path) -> None:
     common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
     train(compose_cfg([*common, "trainer.max_steps=2"], tmp_path / "run"))
@@ -196,7 +191,7 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
     assert model_from_checkpoint(load_checkpoint(pruned)).cfg.heads_per_layer == {
         "encoder_self": [4, 4], "decoder_self": [3, 4], "cross": [4, 2]
     }  # fmt: skip
-    result = evaluate(eval_cfg([f"ckpt_path={pruned}", "split=val", "decode=greedy"],
+    result = evaluate(compose_eval_cfg([f"ckpt_path={pruned}", "split=val", "decode=greedy"],
                                tmp_path / "eval"))  # fmt: skip
     masked = masked_model(model_from_checkpoint(load_checkpoint(ckpt)), [("cross", 1, 0),
                           ("cross", 1, 3), ("decoder_self", 0, 2)])  # fmt: skip
@@ -205,7 +200,7 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
     expected = [t[0].text for t in translator.translate(sources, DecodeOptions(strategy="greedy"))]
     assert (tmp_path / "eval" / "hypotheses.txt").read_text().splitlines() == expected
     assert result["num_sentences"] == len(sources)
-    evaluate(eval_cfg([f"ckpt_path={pruned}", "split=val", "analysis=maps",
+    evaluate(compose_eval_cfg([f"ckpt_path={pruned}", "split=val", "analysis=maps",
                        "analysis_options.sentences=4", "analysis_options.probes=1"],
                       tmp_path / "maps"))  # fmt: skip
     assert (tmp_path / "maps" / "attention" / "cross" / "layer1" / "probe0_reference.png").is_file()
@@ -221,6 +216,7 @@ def test_a_pruned_checkpoint_evaluates_and_trains_on_like_any_other(corpus, tmp_
                               tmp_path / "conflict"))  # fmt: skip
 
 
+@pytest.mark.slow
 def test_share_removes_the_heads_that_analysis_ranks_least_important(corpus, tmp_path) -> None:
     """``--share 0.25 --by gradient`` removes the quarter of all heads (6 of the tiny model's 24)
     with the lowest gradient importance that ``evaluate.py analysis=heads`` reports on the same
@@ -228,7 +224,7 @@ def test_share_removes_the_heads_that_analysis_ranks_least_important(corpus, tmp
     common = [*tiny_overrides(corpus), "validation.bleu_sentences=0", "~callbacks.best_checkpoint"]
     train(compose_cfg([*common, "trainer.max_steps=4"], tmp_path / "run"))
     ckpt, pruned = tmp_path / "run" / "checkpoints" / "last.ckpt", tmp_path / "pruned.ckpt"
-    evaluate(eval_cfg([f"ckpt_path={ckpt}", "split=val", "analysis=heads",
+    evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", "split=val", "analysis=heads",
                        "analysis_options.importance=gradient", "analysis_options.sentences=8"],
                       tmp_path / "heads"))  # fmt: skip
     reported = json.loads((tmp_path / "heads" / "heads.json").read_text())["heads"]

@@ -27,7 +27,7 @@ def test_readme_names_only_code_that_exists() -> None:
                 obj = getattr(obj, attr, None)
             missing += [name] if obj is None else []
             break
-    files = r"`((?:transformer|bench|tests|configs|docs)/[\w/.-]+\.(?:py|yaml|sh|md))"
+    files = r"`((?:transformer|bench|dev|tests|configs|docs)/[\w/.-]+\.(?:py|yaml|sh|md))"
     missing += [path for path in set(re.findall(files, text)) if not (root / path).exists()]
     defined = "".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
     cited = set(re.findall(r"`(?:tests/[\w/]+\.py::)?(test_[a-z]\w*)`", text))

@@ -10,7 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import asdict, fields
 from pathlib import Path
 
 import lightning as L
@@ -25,8 +25,10 @@ from omegaconf import OmegaConf
 import transformer.data.datamodule
 import transformer.translate
 from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, tiny_overrides
+from transformer import Transformer, TransformerConfig
 from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
+from transformer.config import ATTENTION_TYPES
 from transformer.config_checks import model_config, validate_config
 from transformer.data.tokenizer import SPM_TRAIN_SENTENCES
 from transformer.decoding import DecodeOptions
@@ -87,6 +89,7 @@ def test_default_is_multi30k_en_de_with_wandb(tmp_path):
     assert (base.d_model, base.num_heads, base.num_encoder_layers, base.d_ff) == (512, 8, 6, 2048)
 
 
+@pytest.mark.slow
 def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
@@ -100,24 +103,8 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     assert list(other.tags) == ["multi30k", "de-en"]
 
 
-# What configs/model/*.yaml and configs/data/*.yaml compose to (the files inherit shared keys:
-# model/base.yaml, data/_shared.yaml): every model's keys beside its shape, and every source's.
-MODEL_KEYS = {
-    "src_vocab_size": "${data.vocab_size}", "tgt_vocab_size": "${data.vocab_size}",
-    "num_kv_heads": None, "attention_dropout": 0.0, "activation_dropout": 0.0,
-    "activation": "relu", "norm_first": True, "bias": True, "layer_norm_eps": 1e-5,
-    "tie_output_embeddings": True, "share_all_embeddings": "${data.joint_vocab}", "pad_id": 0,
-    "heads_per_layer": None,
-}  # fmt: skip
-MODEL_SHAPES = {  # d_model, num_heads, encoder and decoder layers, d_ff, dropout, max_positions
-    "tiny": (64, 4, 2, 2, 128, 0.1, 256),
-    "mini": (128, 4, 4, 4, 256, 0.3, 256),
-    "small": (256, 4, 4, 4, 1024, 0.3, 256),
-    "base": (512, 8, 6, 6, 2048, 0.1, 1024),
-    "big": (1024, 16, 6, 6, 4096, 0.3, 1024),
-}
-SHAPE = ("d_model", "num_heads", "num_encoder_layers", "num_decoder_layers", "d_ff", "dropout",
-         "max_positions")  # fmt: skip
+# What configs/data/*.yaml compose to (the files inherit shared keys: data/_shared.yaml): every
+# source's keys.
 DATA_KEYS = {
     "_target_": "transformer.data.datamodule.TranslationDataModule", "src_lang": "en",
     "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
@@ -134,11 +121,27 @@ DATA_SOURCES = {
 }  # fmt: skip
 
 
-@pytest.mark.parametrize("option", MODEL_SHAPES)
-def test_model_options_compose_to_their_shape_and_the_shared_keys(option):
-    model = compose_cfg([f"model={option}", "~experiment"]).model
-    expected = {**MODEL_KEYS, **dict(zip(SHAPE, MODEL_SHAPES[option], strict=True))}
-    assert OmegaConf.to_container(model) == expected
+@pytest.mark.parametrize("option", MODELS)
+def test_every_model_option_builds_a_transformer_of_its_config(option):
+    """Each configs/model/*.yaml, composed as train.py composes it, spells out every
+    ``TransformerConfig`` field (a model is edited in its file alone), validates, takes its
+    vocabularies from the data, and builds a Transformer of that shape."""
+    cfg = compose_cfg([f"model={option}", "~experiment"])
+    config = model_config(cfg)  # what validate_config checks of the model group
+    assert set(cfg.model) == {f.name for f in fields(TransformerConfig)}
+    options = OmegaConf.to_container(cfg.model, resolve=True)
+    assert all(
+        getattr(config, k) == v for k, v in options.items() if v is not None
+    )  # None: a default
+    assert config.src_vocab_size == config.tgt_vocab_size == cfg.data.vocab_size
+    assert config.share_all_embeddings == cfg.data.joint_vocab
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        model = Transformer(config)
+    assert len(model.encoder.layers) == config.num_encoder_layers
+    assert len(model.decoder.layers) == config.num_decoder_layers
+    for kind in ATTENTION_TYPES:
+        for attention in model.attention_modules(kind):
+            assert (attention.d_model, attention.num_heads) == (config.d_model, config.num_heads)
 
 
 @pytest.mark.parametrize("option", DATA_SOURCES)
@@ -220,6 +223,7 @@ def test_max_time_alone_ends_training(max_epochs, max_time):
         validate_config(compose_cfg(no_limit))
 
 
+@pytest.mark.slow
 def test_validation_batches_take_their_own_token_budget(corpus, monkeypatch):
     """validation.max_tokens sizes the validation batches (their loss and the sentences decoded at
     once); null: the training budget on CPU, at least 32768 tokens on a GPU."""
@@ -245,12 +249,14 @@ def test_validation_batches_take_their_own_token_budget(corpus, monkeypatch):
 # -- training ----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_fast_dev_run(corpus, tmp_path):
     cfg = compose_cfg([*tiny_overrides(corpus), "debug=fast_dev_run"], tmp_path)
     metrics = train(cfg)
     assert math.isfinite(metrics["train/loss"]) and "val/loss" in metrics and "val/bleu" in metrics
 
 
+@pytest.mark.slow
 def test_short_training_lowers_validation_loss(corpus, tmp_path, caplog):
     overrides = [
         *tiny_overrides(corpus),
@@ -290,6 +296,7 @@ def beam_run(corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_training_with_beam_validation_logs_bleu(beam_run):
     rows = read_metrics(beam_run)
     bleu = [float(r["val/bleu"]) for r in rows if r.get("val/bleu")]
@@ -300,6 +307,7 @@ def test_training_with_beam_validation_logs_bleu(beam_run):
     assert hparams["decoding"]["strategy"] == "beam" and hparams["decoding"]["beam_size"] == 2
 
 
+@pytest.mark.slow
 def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run, monkeypatch):
     """The trained weights validated twice: strategy=beam beam_size=1 runs beam search (not the
     greedy loop) and decodes every validation sentence as strategy=greedy does."""
@@ -333,6 +341,7 @@ def test_beam_validation_with_one_beam_gives_greedy_hypotheses(corpus, beam_run,
     assert bleu["beam"] == bleu["greedy"]
 
 
+@pytest.mark.slow
 def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path, caplog, recwarn):
     """The Multi30k experiments' epoch checkpoints: the weights of the most recent N epochs.
     (4 epochs end the recipe's 12,000 updates early, before its decay: a warning says so.) A new
@@ -366,6 +375,7 @@ STOP_AT_STEP_40 = ["+callbacks.stop._target_=tests.fault_kit.StopAtStep", "+call
     ],
     ids=["max_steps", "max_steps-accumulate3", "should_stop-as-max_time"],
 )
+@pytest.mark.slow
 def test_epoch_checkpoints_skip_an_epoch_cut_short(corpus, tmp_path, accumulate, stop):
     """Training stopped inside an epoch (max_steps, or max_time's should_stop) keeps complete
     epochs only, though Lightning ends the partial epoch with on_train_epoch_end too."""
@@ -384,6 +394,7 @@ def test_epoch_checkpoints_skip_an_epoch_cut_short(corpus, tmp_path, accumulate,
     assert last["global_step"] == (15 if accumulate == 3 else 40)  # the partial epoch is here
 
 
+@pytest.mark.slow
 def test_epoch_checkpoints_count_an_epoch_resumed_midway(corpus, tmp_path):
     """Stopped in epoch 2, resumed into the same run directory: epoch 2 ends complete and is kept
     (so is epoch 3, where max_steps=64 falls on its last batch), and so are the first run's."""
@@ -400,6 +411,7 @@ def test_epoch_checkpoint_saves_at_train_epoch_ends_only(tmp_path):
         EpochCheckpoint(dirpath=tmp_path, save_on_train_epoch_end=False)
 
 
+@pytest.mark.slow
 def test_a_run_shorter_than_an_epoch_keeps_no_epoch_checkpoint(corpus, tmp_path):
     overrides = [*tiny_overrides(corpus), "experiment=multi30k_en_de", "trainer.max_steps=5"]
     train(compose_cfg(overrides, tmp_path))
@@ -407,6 +419,7 @@ def test_a_run_shorter_than_an_epoch_keeps_no_epoch_checkpoint(corpus, tmp_path)
     assert load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] == 5
 
 
+@pytest.mark.slow
 def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
     """max_time alone ends training (max_epochs null or -1): no epoch cap, Lightning's Timer."""
     trainers = []
@@ -427,6 +440,7 @@ def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
     assert timer.time_elapsed("train") >= 2 and trainer.global_step > 0
 
 
+@pytest.mark.slow
 def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(corpus, tmp_path, caplog):
     """Compiled on two shape buckets (aot_eager traces what inductor compiles, in seconds;
     inductor: tests/test_lit_module.py): at most a graph a bucket, no graph break; the log names
@@ -460,6 +474,7 @@ def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(corpus, 
     model_from_checkpoint(ckpt)  # strict: the weights kept their names
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("accumulate, total, first", [(1, 20, 10), (2, 10, 5), (1, 20, 8)])
 def test_resume_continues_exactly(corpus, tmp_path, accumulate, total, first):
     """``total`` optimizer steps in one run == ``first`` steps, checkpoint, resume to ``total``:
@@ -487,6 +502,7 @@ def test_resume_continues_exactly(corpus, tmp_path, accumulate, total, first):
     assert val_losses(resumed_rows) == pytest.approx(val_losses(full_rows)[-3:], abs=1e-6)
 
 
+@pytest.mark.slow
 def test_resume_after_a_max_time_stop_inside_an_epoch_continues_exactly(
     corpus, tmp_path, monkeypatch, recwarn
 ):
@@ -531,6 +547,7 @@ def test_resume_after_a_max_time_stop_inside_an_epoch_continues_exactly(
     assert not [w for w in recwarn if "ended before the epoch ended" in str(w.message)]
 
 
+@pytest.mark.slow
 def test_resume_elsewhere_uses_the_checkpoints_tokenizers(corpus, tmp_path, monkeypatch):
     """Resumed on another machine (a copy of the corpus with new mtimes, another cache, and here
     a training file that would give another SentencePiece model), training continues with the
@@ -572,6 +589,7 @@ def _script_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+@pytest.mark.slow
 def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
     env = _script_env(tmp_path)
     env.pop("WANDB_MODE", None)  # no key and no mode: the logger must go offline by itself
@@ -594,6 +612,7 @@ def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
     assert "model.num_heads=1" in groups[0][0] and "model.num_heads=2" in groups[1][0]
 
 
+@pytest.mark.slow
 def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
     """Each rank trains on its own batches; validation (beam search here) decodes each rank's
     shard and scores the gathered whole."""
@@ -624,6 +643,7 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
 @pytest.mark.skipif(
     not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set to the Multi30k files"
 )
+@pytest.mark.slow
 def test_multi30k_smoke(tmp_path):
     """The default experiment's data with the tiny model: a few steps, BLEU on a subset."""
     overrides = [
@@ -646,6 +666,7 @@ def test_multi30k_smoke(tmp_path):
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
+@pytest.mark.slow
 def test_wandb_falls_back_offline_when_the_server_is_unreachable(tmp_path):
     """A key but no reachable server: online start gives up after init_timeout, runs offline."""
     env = _script_env(tmp_path)

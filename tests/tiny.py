@@ -1,11 +1,9 @@
-"""What the tests share: a tiny synthetic parallel corpus, a tiny model, batches for it, and Hydra
-configs that train on the corpus in seconds."""
+"""What the tests share: the tiny synthetic parallel corpus (``transformer.data.synthetic``), a
+tiny model, batches for it, and Hydra configs that train on the corpus in seconds."""
 
 from __future__ import annotations
 
 import csv
-import gzip
-import random
 from pathlib import Path
 
 import numpy as np
@@ -15,39 +13,19 @@ from sentencepiece import sentencepiece_model_pb2
 
 from transformer import Transformer, TransformerConfig
 from transformer.data.collate import Batch, Collator
+from transformer.data.synthetic import (  # noqa: F401 (the tests' names for them)
+    SPLITS,
+    Pairs,
+    sentence_pairs,
+    write_corpus,
+    write_lines,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CONFIGS = REPO / "configs"
 
-# A made-up language pair: each German word is the image of one English word, so a few training
-# steps already move the loss and BLEU has something to score.
-WORDS_EN = (
-    "a the man woman dog cat child girl boy walks runs sits eats red blue green big small on in "
-    "near under street park house tree ball water bike car plays jumps looks"
-).split()
-WORDS_DE = (
-    "ein der mann frau hund katze kind mädchen junge geht läuft sitzt isst rot blau grün groß "
-    "klein auf in bei unter straße park haus baum ball wasser fahrrad auto spielt springt schaut"
-).split()
 TINY_VOCAB = 64  # SentencePiece pieces that the corpus fills
-SPLITS = {"train": 400, "val": 32, "test": 32}  # sentence pairs of write_corpus's splits
 DATA_SPLITS = {"train": 300, "val": 30, "test": 25}  # the data tests' corpus (data_pairs)
-
-
-def sentence_pairs(
-    n: int, seed: int, max_words: int = 10, punctuated: bool = False
-) -> tuple[list[str], list[str]]:
-    """``n`` English sentences of 2 to ``max_words`` words and their German, word by word;
-    ``punctuated``: capitalised and ending in a full stop."""
-    rng = random.Random(seed)
-    en, de = [], []
-    for _ in range(n):
-        idx = [rng.randrange(len(WORDS_EN)) for _ in range(rng.randint(2, max_words))]
-        pair = (" ".join(words[i] for i in idx) for words in (WORDS_EN, WORDS_DE))
-        e, d = (s.capitalize() + "." for s in pair) if punctuated else pair
-        en.append(e)
-        de.append(d)
-    return en, de
 
 
 def data_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
@@ -55,26 +33,19 @@ def data_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
     return sentence_pairs(n, seed, max_words=12, punctuated=True)
 
 
-def write_lines(path: Path, lines: list[str]) -> Path:
-    """One sentence a line, UTF-8; gzipped where the name ends in ``.gz``."""
-    data = "".join(line + "\n" for line in lines).encode("utf-8")
-    if path.suffix == ".gz":
-        with gzip.open(path, "wb") as f:
-            f.write(data)
-    else:
-        path.write_bytes(data)
-    return path
-
-
-def write_corpus(
-    root: Path, splits: dict[str, int] = SPLITS, suffix: str = "", pairs=sentence_pairs
+def write_language(
+    root: Path, tgt: str, splits: dict[str, int], pairs: Pairs, seed: int = 0, reverse: bool = False
 ) -> Path:
-    """``{split}.{en,de}{suffix}`` in ``root``: ``pairs(n, seed=i)`` for the i-th split."""
-    root.mkdir(parents=True, exist_ok=True)
-    for seed, (split, n) in enumerate(splits.items()):
-        en, de = pairs(n, seed)
-        write_lines(root / f"{split}.en{suffix}", en)
-        write_lines(root / f"{split}.de{suffix}", de)
+    """``{split}.en`` and ``{split}.{tgt}`` from ``pairs(n, seed + i)`` for the i-th split; with
+    ``reverse`` the German's words reversed (a second "language" of the same English sentences,
+    that only the target token tells apart)."""
+    root.mkdir(parents=True)
+    for k, (split, n) in enumerate(splits.items()):
+        en, de = pairs(n, seed + k)
+        if reverse:
+            de = [" ".join(reversed(x.split())) for x in de]
+        write_lines(root / f"{split}.en", en)
+        write_lines(root / f"{split}.{tgt}", de)
     return root
 
 
@@ -155,7 +126,7 @@ def tiny_overrides(corpus: Path) -> list[str]:
         "optim=adamw",
         "optim.optimizer.lr=3e-3",
         "optim.scheduler.warmup_steps=10",
-        ATTENTION_MAPS_OFF,  # its figures cost seconds; tests/test_analysis_training.py runs it
+        ATTENTION_MAPS_OFF,  # its figures cost seconds; analysis/test_analysis_training.py runs it
     ]
 
 
@@ -164,3 +135,22 @@ def compose_cfg(overrides: list[str], out_dir: Path | None = None):
     out = [f"paths.output_dir={out_dir}"] if out_dir is not None else ["paths.output_dir=unused"]
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=[*out, *overrides])
+
+
+def compose_eval_cfg(overrides: list[str], out_dir: Path):
+    """``configs/evaluate.yaml`` with these overrides, as ``python evaluate.py`` composes it."""
+    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
+
+
+def prepared_datamodule(tokenizers: tuple[bytes, bytes] | None = None, **kwargs):
+    """A ``TranslationDataModule(**kwargs)`` prepared and set up for fitting; with
+    ``tokenizers``, those of a checkpoint (``last.ckpt``) instead of training its own."""
+    from transformer.data import datamodule  # Lightning: imported by the tests that use it
+
+    dm = datamodule.TranslationDataModule(**kwargs)
+    if tokenizers is not None:
+        dm.use_tokenizers(*tokenizers, checkpoint="last.ckpt")
+    dm.prepare_data()
+    dm.setup("fit")
+    return dm

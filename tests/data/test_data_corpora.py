@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.tiny import data_pairs, write_lines
+from tests.tiny import data_pairs, prepared_datamodule, write_language
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.errors import DataError
@@ -16,35 +16,25 @@ from transformer.errors import DataError
 VOCAB = 80  # the tiny corpora's words and the three special tokens
 
 
-def write(root: Path, tgt: str, splits: dict[str, int], seed: int) -> Path:
-    """``{split}.en`` and ``{split}.{tgt}``; "fr" is the German with its words reversed."""
-    root.mkdir(parents=True)
-    for k, (split, n) in enumerate(splits.items()):
-        en, de = data_pairs(n, seed + k)
-        if tgt == "fr":
-            de = [" ".join(reversed(x.split())) for x in de]
-        write_lines(root / f"{split}.en", en)
-        write_lines(root / f"{split}.{tgt}", de)
-    return root
-
-
 @pytest.fixture
 def corpora(tmp_path: Path) -> dict[str, Path]:
     return {
-        "parallel": write(tmp_path / "parallel", "de", {"train": 120, "val": 20, "test": 10}, 0),
-        "bt": write(tmp_path / "bt", "de", {"train": 80}, 10),  # training pairs only
-        "fr": write(tmp_path / "fr", "fr", {"train": 100, "val": 16, "test": 10}, 20),
+        "parallel": write_language(
+            tmp_path / "parallel", "de", {"train": 120, "val": 20, "test": 10}, data_pairs, 0
+        ),
+        "bt": write_language(tmp_path / "bt", "de", {"train": 80}, data_pairs, 10),  # train only
+        # "fr": the German with its words reversed
+        "fr": write_language(
+            tmp_path / "fr", "fr", {"train": 100, "val": 16, "test": 10}, data_pairs, 20, True
+        ),
     }
 
 
 def build(tmp_path: Path, entries: list[dict], **kwargs) -> TranslationDataModule:
-    dm = TranslationDataModule(
+    return prepared_datamodule(
         source="local", root=None, vocab_size=VOCAB, max_tokens=256, max_len=120, num_workers=0,
         cache_dir=str(tmp_path / "cache"), corpora=entries, **kwargs,
     )  # fmt: skip
-    dm.prepare_data()
-    dm.setup("fit")
-    return dm
 
 
 def test_tags_and_target_tokens_are_one_piece_first_in_the_sources(tmp_path, corpora) -> None:

@@ -16,20 +16,13 @@ from hydra import compose, initialize_config_dir
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, write_lines
+from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, prepared_datamodule, write_lines
 from transformer.data import datamodule as dm_module
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer.errors import DataError
 
 CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
-
-
-def build(**kwargs) -> dm_module.TranslationDataModule:
-    dm = dm_module.TranslationDataModule(**kwargs)
-    dm.prepare_data()
-    dm.setup("fit")
-    return dm
 
 
 def ids_of(loader) -> list[int]:
@@ -62,10 +55,10 @@ def test_a_full_disk_while_caching_leaves_nothing_to_read_back(corpus_dir, dm_kw
 
     monkeypatch.setattr(pa.ipc, "new_file", FullDisk)
     with pytest.raises(DataError, match=r"token cache .*No space left on device.*data.cache_dir"):
-        build(source="local", root=str(corpus_dir), **dm_kwargs)
+        prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert list((Path(dm_kwargs["cache_dir"]) / "tok").iterdir()) == []
     monkeypatch.setattr(pa.ipc, "new_file", real)
-    dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    dm = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     for split in ("train", "val", "test"):
         assert sorted(ids_of(getattr(dm, f"{split}_dataloader")())) == list(
             range(DATA_SPLITS[split])
@@ -73,7 +66,7 @@ def test_a_full_disk_while_caching_leaves_nothing_to_read_back(corpus_dir, dm_kw
 
 
 def test_local_corpus_end_to_end(corpus_dir, dm_kwargs):
-    dm = build(source="local", root=str(corpus_dir), pad_to_multiple=8, **dm_kwargs)
+    dm = prepared_datamodule(source="local", root=str(corpus_dir), pad_to_multiple=8, **dm_kwargs)
     assert dm.src_vocab_size == dm.tgt_vocab_size == TINY_VOCAB == dm.src_tokenizer.vocab_size
     assert dm.src_tokenizer is dm.tgt_tokenizer and dm.pad_id == PAD_ID
     refs = dm.references("train")
@@ -108,7 +101,7 @@ def test_second_run_loads_the_cache_without_tokenizing(corpus_dir, dm_kwargs, mo
         return encode_batch(self, texts)
 
     monkeypatch.setattr(Tokenizer, "encode_batch", counting)
-    first = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    first = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert sum(calls) == 2 * sum(DATA_SPLITS.values())  # both sides of every split, once
 
     calls.clear()
@@ -117,19 +110,19 @@ def test_second_run_loads_the_cache_without_tokenizing(corpus_dir, dm_kwargs, mo
         raise AssertionError("the tokenizer was trained again")
 
     monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
-    second = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    second = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert calls == []
     assert ids_of(second.val_dataloader()) == ids_of(first.val_dataloader())
     assert second.src_tokenizer.model_path == first.src_tokenizer.model_path
 
     # a changed setting or changed data is tokenized again
-    build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 63})
+    prepared_datamodule(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 63})
     assert sum(calls) == 2 * DATA_SPLITS["train"]
     calls.clear()
     en, de = data_pairs(DATA_SPLITS["test"], 99)
     write_lines(corpus_dir / "test.en", en)
     write_lines(corpus_dir / "test.de", de)
-    build(source="local", root=str(corpus_dir), **dm_kwargs)
+    prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert sum(calls) == 2 * DATA_SPLITS["test"]
 
 
@@ -142,7 +135,7 @@ def test_line_count_mismatch_fails_before_tokenizer_training(corpus_dir, dm_kwar
 
     monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
     with pytest.raises(DataError) as err:
-        build(source="local", root=str(corpus_dir), **dm_kwargs)
+        prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert "val.en has 32 lines" in str(err.value) and "val.de has 30" in str(err.value)
 
 
@@ -151,17 +144,17 @@ def test_non_utf8_training_file(corpus_dir, dm_kwargs):
     path.write_bytes(path.read_bytes() + "Straße\n".encode("cp1252"))
     (corpus_dir / "train.en").write_bytes((corpus_dir / "train.en").read_bytes() + b"Street\n")
     with pytest.raises(DataError, match=r"train.de, line 301: bytes that are not UTF-8"):
-        build(source="local", root=str(corpus_dir), **dm_kwargs)
+        prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
 
 
 def test_nothing_left_after_filtering_says_which_filter(corpus_dir, dm_kwargs):
     with pytest.raises(DataError, match=r"max_len=1 filter removed 300"):
-        build(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 1})
+        prepared_datamodule(source="local", root=str(corpus_dir), **{**dm_kwargs, "max_len": 1})
     en, de = data_pairs(DATA_SPLITS["train"], 0)  # each pair with one side empty
     write_lines(corpus_dir / "train.en", [s if i % 2 else "" for i, s in enumerate(en)])
     write_lines(corpus_dir / "train.de", ["" if i % 2 else s for i, s in enumerate(de)])
     with pytest.raises(DataError, match=r"empty-side filter removed 300 of 300"):
-        build(source="local", root=str(corpus_dir), **dm_kwargs)
+        prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
 
 
 def test_empty_and_overlong_training_pairs_are_dropped(corpus_dir, dm_kwargs, caplog):
@@ -171,7 +164,7 @@ def test_empty_and_overlong_training_pairs_are_dropped(corpus_dir, dm_kwargs, ca
     write_lines(corpus_dir / "train.en", en)
     write_lines(corpus_dir / "train.de", de)
     with caplog.at_level("INFO"):
-        dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+        dm = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert "kept 297 of 300 pairs; dropped 2 with an empty side, 1 longer than max_len=64" in (
         caplog.text
     )
@@ -190,7 +183,7 @@ def save_hf_dataset(path: Path) -> None:
 
 def test_hub_format_dataset_saved_to_disk(tmp_path, dm_kwargs):
     save_hf_dataset(tmp_path / "hf")
-    dm = build(
+    dm = prepared_datamodule(
         source="hf", root=None, hf_path=str(tmp_path / "hf"), src_lang="de", tgt_lang="en",
         **dm_kwargs,
     )  # fmt: skip
@@ -202,7 +195,7 @@ def test_hub_format_dataset_saved_to_disk(tmp_path, dm_kwargs):
 
 
 def test_separate_vocabularies(corpus_dir, dm_kwargs):
-    dm = build(source="local", root=str(corpus_dir), joint_vocab=False, **dm_kwargs)
+    dm = prepared_datamodule(source="local", root=str(corpus_dir), joint_vocab=False, **dm_kwargs)
     src, tgt = dm.src_tokenizer, dm.tgt_tokenizer
     assert src.model_path != tgt.model_path
     assert src.vocab_size == tgt.vocab_size == TINY_VOCAB
@@ -212,7 +205,7 @@ def test_separate_vocabularies(corpus_dir, dm_kwargs):
 
 
 def test_batches_are_pinned_only_for_a_trainer_on_cuda(corpus_dir, dm_kwargs, monkeypatch):
-    dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    dm = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     cpu_trainer = L.Trainer(
         accelerator="cpu", logger=False, enable_progress_bar=False, enable_model_summary=False
     )
@@ -225,7 +218,7 @@ def test_batches_are_pinned_only_for_a_trainer_on_cuda(corpus_dir, dm_kwargs, mo
 
 
 def test_datamodule_state_resumes_mid_epoch(corpus_dir, dm_kwargs):
-    dm = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    dm = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     loader = dm.train_dataloader()
     loader.batch_sampler.set_epoch(1)
     it = iter(loader)
@@ -234,7 +227,7 @@ def test_datamodule_state_resumes_mid_epoch(corpus_dir, dm_kwargs):
     rest = [b.ids.tolist() for b in it]
     assert rest
 
-    resumed = build(source="local", root=str(corpus_dir), **dm_kwargs)
+    resumed = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     resumed.load_state_dict(state)  # Lightning restores before building the loaders
     loader = resumed.train_dataloader()
     loader.batch_sampler.set_epoch(1)
@@ -266,11 +259,14 @@ def test_multi30k_offline_without_files_names_the_option(tmp_path, dm_kwargs, mo
         dm.prepare_data()
 
 
+@pytest.mark.slow
 def test_real_multi30k(tmp_path):
     root = os.environ.get("MULTI30K_DIR")
     if not root or not Path(root, "train.en.gz").exists():
         pytest.skip("MULTI30K_DIR is not set to a directory with the Multi30k files")
-    dm = build(root=root, num_workers=0, cache_dir=str(tmp_path / "cache"), download=False)
+    dm = prepared_datamodule(
+        root=root, num_workers=0, cache_dir=str(tmp_path / "cache"), download=False
+    )
     assert dm.src_tokenizer.vocab_size == 8000
     assert len(dm.split("train")) == 29_000
     assert len(dm.references("val")) == len(dm.split("val")) == 1014

@@ -6,6 +6,7 @@ from __future__ import annotations
 import warnings
 
 import lightning as L
+import pytest
 import torch
 
 from transformer.data.datamodule import TranslationDataModule
@@ -41,6 +42,7 @@ def fit(dm_kwargs, root_dir, ckpt_path=None, **trainer_kwargs) -> RecordBatches:
     return model
 
 
+@pytest.mark.slow
 def test_mid_epoch_resume_is_exact(corpus_dir, dm_kwargs, tmp_path):
     dm_kwargs = dict(dm_kwargs, source="local", root=str(corpus_dir))
     full = fit(dm_kwargs, tmp_path)
@@ -70,6 +72,7 @@ class SaveAfterValidation(L.Callback):
             trainer.save_checkpoint(self.path)
 
 
+@pytest.mark.slow
 def test_resume_from_a_checkpoint_saved_after_mid_epoch_validation(corpus_dir, dm_kwargs, tmp_path):
     # with workers, the sampler runs ahead of training by the batches they have prefetched
     dm_kwargs = dict(dm_kwargs, source="local", root=str(corpus_dir), num_workers=2)

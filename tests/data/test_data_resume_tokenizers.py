@@ -10,22 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, trained_elsewhere, write_lines
+from tests.tiny import (
+    DATA_SPLITS,
+    TINY_VOCAB,
+    data_pairs,
+    prepared_datamodule,
+    trained_elsewhere,
+    write_lines,
+)
 from transformer.checkpoints import read_tokenizer_models
 from transformer.data import datamodule as dm_module
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError
-
-
-def build(
-    tokenizers: tuple[bytes, bytes] | None = None, **kwargs
-) -> dm_module.TranslationDataModule:
-    dm = dm_module.TranslationDataModule(source="local", **kwargs)
-    if tokenizers is not None:
-        dm.use_tokenizers(*tokenizers, checkpoint="last.ckpt")
-    dm.prepare_data()
-    dm.setup("fit")
-    return dm
 
 
 def models(dm: dm_module.TranslationDataModule) -> tuple[bytes, bytes]:
@@ -55,16 +51,22 @@ def no_training(*args, **kwargs):
 def test_given_tokenizers_are_used_as_they_are(
     corpus_dir, dm_kwargs, tmp_path, monkeypatch, caplog, joint_vocab
 ):
-    first = build(root=str(corpus_dir), joint_vocab=joint_vocab, **dm_kwargs)
+    first = prepared_datamodule(
+        source="local", root=str(corpus_dir), joint_vocab=joint_vocab, **dm_kwargs
+    )
     assert (first.src_tokenizer is first.tgt_tokenizer) == joint_vocab
     other = moved_copy(corpus_dir, tmp_path / "elsewhere")
     kwargs = dict(dm_kwargs, root=str(other), joint_vocab=joint_vocab)
-    retrained = build(**dict(kwargs, cache_dir=str(tmp_path / "cache-retrained")))
+    retrained = prepared_datamodule(
+        **dict(kwargs, source="local", cache_dir=str(tmp_path / "cache-retrained"))
+    )
     assert token_ids(retrained, "val") != token_ids(first, "val")  # what resuming must not do
 
     monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
     with caplog.at_level(logging.INFO, logger=dm_module.__name__):
-        resumed = build(models(first), **dict(kwargs, cache_dir=str(tmp_path / "cache-resumed")))
+        resumed = prepared_datamodule(
+            models(first), **dict(kwargs, source="local", cache_dir=str(tmp_path / "cache-resumed"))
+        )
     assert "using the tokenizers of checkpoint last.ckpt" in caplog.text
     assert models(resumed) == models(first)
     assert (resumed.src_tokenizer is resumed.tgt_tokenizer) == joint_vocab
@@ -87,19 +89,21 @@ def test_token_ids_are_cached_per_tokenizer_content(corpus_dir, dm_kwargs, monke
     """The same models, given (``elsewhere``: trained again by another process, which
     SentencePiece records in them): the token ids already cached for them are loaded, not
     rebuilt."""
-    first = build(root=str(corpus_dir), **dm_kwargs)
+    first = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     calls = []
     monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts: calls.append(texts))
     monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
     given = models(first) if where == "here" else tuple(map(trained_elsewhere, models(first)))
-    resumed = build(given, root=str(corpus_dir), **dm_kwargs)
+    resumed = prepared_datamodule(given, source="local", root=str(corpus_dir), **dm_kwargs)
     assert calls == []
     assert resumed.src_tokenizer.model_path != first.src_tokenizer.model_path
     assert token_ids(resumed, "train") == token_ids(first, "train")
 
 
 def test_given_tokenizers_must_fit_the_config(corpus_dir, dm_kwargs, tmp_path):
-    first = build(root=str(corpus_dir), joint_vocab=False, **dm_kwargs)
+    first = prepared_datamodule(
+        source="local", root=str(corpus_dir), joint_vocab=False, **dm_kwargs
+    )
     dm = dm_module.TranslationDataModule(
         source="local",
         root=str(corpus_dir),

@@ -81,6 +81,7 @@ def test_sentence_sample_keeps_everything_in_order_up_to_its_size():
     assert sample.sentences == ["a", "b", "c"]
 
 
+@pytest.mark.slow
 def test_sentence_sample_is_uniform_and_reproducible():
     """Each of 40 sentences, given in chunks of 7, lands in a sample of 10 with probability 1/4:
     counted over 4,000 seeds, every share within 4 standard deviations of 0.25."""

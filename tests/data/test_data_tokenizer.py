@@ -9,7 +9,15 @@ import sys
 
 import pytest
 
-from tests.tiny import REPO, TINY_VOCAB, data_pairs, other_tokenizer, trained_elsewhere, write_lines
+from tests.tiny import (
+    REPO,
+    TINY_VOCAB,
+    data_pairs,
+    other_tokenizer,
+    prepared_datamodule,
+    trained_elsewhere,
+    write_lines,
+)
 from transformer.data.tokenizer import (
     BOS_ID,
     EOS_ID,
@@ -61,14 +69,15 @@ def test_too_large_vocabulary_says_which_option(tmp_path):
 def test_spm_train_sentences_caps_what_sentencepiece_trains_on(corpus_dir, dm_kwargs):
     """``data.spm_train_sentences`` is a cache setting: another cap trains another model (a
     sample of 200 of the 600 sentences gives other pieces), under another name."""
-    from tests.data.test_data_datamodule import build
-
-    full = build(source="local", root=str(corpus_dir), **dm_kwargs)
-    sample = build(source="local", root=str(corpus_dir), spm_train_sentences=200, **dm_kwargs)
+    full = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
+    sample = prepared_datamodule(
+        source="local", root=str(corpus_dir), spm_train_sentences=200, **dm_kwargs
+    )
     assert full.src_tokenizer.model_path != sample.src_tokenizer.model_path
     assert full.src_tokenizer.to_bytes() != sample.src_tokenizer.to_bytes()
 
 
+@pytest.mark.slow
 def test_two_processes_training_one_tokenizer_write_the_same_bytes(tmp_path):
     """SentencePiece records in its model where it was written (a temporary path holding the
     process id): two processes training the same tokenizer on the same data, into files of one

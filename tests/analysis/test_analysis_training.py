@@ -9,13 +9,12 @@ import re
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from lightning.pytorch.loggers import WandbLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import transformer.analysis.maps as maps_module
 import transformer.attention as attention_module
-from tests.tiny import ATTENTION_MAPS_OFF, CONFIGS, compose_cfg, tiny_overrides
+from tests.tiny import ATTENTION_MAPS_OFF, compose_cfg, compose_eval_cfg, tiny_overrides
 from transformer.analysis import explorer
 from transformer.analysis.stats import STATS
 from transformer.analysis.trends import TREND_COLUMNS
@@ -62,6 +61,7 @@ def csv_run(corpus, tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.slow
 def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     root = csv_run / "attention"
     assert sorted(p.name for p in root.iterdir()) == ["explorer.html", "step0000003", "step0000009"]
@@ -80,12 +80,14 @@ def test_callback_writes_maps_stats_and_samples_at_its_cadence(csv_run) -> None:
     }  # fmt: skip
 
 
+@pytest.mark.slow
 def test_figures_are_drawn_outside_the_training_process(csv_run) -> None:
     """The training thread only captures the data; the PNGs of both map validations (checked
     above) come from the worker process, done by the end of fit."""
     assert DRAWN_HERE == []
 
 
+@pytest.mark.slow
 def test_explorer_page_holds_every_map_validation(csv_run) -> None:
     root = csv_run / "attention"
     assert [r["step"] for r in explorer.load_records(root)] == [3, 9]
@@ -95,6 +97,7 @@ def test_explorer_page_holds_every_map_validation(csv_run) -> None:
     assert entry["type"] == "cross" and entry["shape"][:2] == [1, 2]
 
 
+@pytest.mark.slow
 def test_csv_logger_gets_the_head_statistics_as_scalars_when_asked(csv_run) -> None:
     (path,) = csv_run.glob("csv/version_*/metrics.csv")
     with open(path) as f:
@@ -103,6 +106,7 @@ def test_csv_logger_gets_the_head_statistics_as_scalars_when_asked(csv_run) -> N
     assert [int(r["step"]) for r in logged] == [3, 9]
 
 
+@pytest.mark.slow
 def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     corpus, tmp_path, monkeypatch
 ) -> None:
@@ -158,6 +162,7 @@ def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     assert explicit_calls and all(explicit_calls)
 
 
+@pytest.mark.slow
 def test_a_failed_drawing_is_reported_and_training_goes_on(corpus, tmp_path, caplog) -> None:
     """The worker cannot write the explorer page (a directory stands in its way): the error is
     logged with its step, the run finishes, and the step's data and head grids are there."""
@@ -175,16 +180,12 @@ def test_a_failed_drawing_is_reported_and_training_goes_on(corpus, tmp_path, cap
     assert (tmp_path / "checkpoints" / "last.ckpt").is_file()
 
 
-def eval_cfg(overrides: list[str], out_dir: Path):
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
-        return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
-
-
+@pytest.mark.slow
 def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     ckpt = csv_run / "checkpoints" / "last.ckpt"
     common = [f"ckpt_path={ckpt}", "split=val", "analysis_options.sentences=4"]
-    result = evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.prune_step=0.5"],
-                               tmp_path / "heads"))  # fmt: skip
+    heads = [*common, "analysis=heads", "analysis_options.prune_step=0.5"]
+    result = evaluate(compose_eval_cfg(heads, tmp_path / "heads"))
     assert len(result["heads"]) == 3 * 1 * 2  # types x layers x heads
     assert result["importance"] == "both" and all(h["gradient"] > 0 for h in result["heads"])
     assert [p["heads_left"] for p in result["pruning"]] == [6, 3, 1]
@@ -192,12 +193,14 @@ def test_evaluate_analysis_heads_and_maps(csv_run, tmp_path) -> None:
     assert written["baseline"] == result["baseline"]
     for name in ("heads_importance.png", "heads_pruning.png"):
         assert (tmp_path / "heads" / name).read_bytes()[:8] == PNG
-    evaluate(eval_cfg([*common, "analysis=maps", "analysis_options.probes=1"], tmp_path / "maps"))
+    evaluate(
+        compose_eval_cfg([*common, "analysis=maps", "analysis_options.probes=1"], tmp_path / "maps")
+    )
     maps = tmp_path / "maps" / "attention"
     assert (maps / "cross" / "layer0" / "probe0_reference.png").is_file()
     assert (maps / "stats_encoder_self.png").is_file() and (maps / "samples.md").is_file()
     with pytest.raises(ValueError, match="analysis=head: choose one of heads, maps, or null"):
-        evaluate(eval_cfg([*common, "analysis=head"], tmp_path / "bad"))
+        evaluate(compose_eval_cfg([*common, "analysis=head"], tmp_path / "bad"))
     with pytest.raises(ValueError, match="importance=grad: choose one of mask, gradient, both"):
-        evaluate(eval_cfg([*common, "analysis=heads", "analysis_options.importance=grad"],
+        evaluate(compose_eval_cfg([*common, "analysis=heads", "analysis_options.importance=grad"],
                           tmp_path / "bad"))  # fmt: skip

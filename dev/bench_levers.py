@@ -1,8 +1,8 @@
 """Each quality-per-hour lever alone against the CPU recipe, at the same wall-clock budget.
 
-    python bench/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
+    python dev/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
         [--levers recipe,fp32,invsqrt+fp32,...] [--dry-run]
-    python bench/bench_levers.py --gpu --data data/multi30k [--steps 12000] [--parallel 4]
+    python dev/bench_levers.py --gpu --data data/multi30k [--steps 12000] [--parallel 4]
         [--deadline SECONDS] [--out DIR] [--levers recipe,invsqrt,...] [--dry-run]
 
 Every lever trains ``experiment=multi30k_en_de_cpu`` with its overrides for ``--minutes``
@@ -320,10 +320,9 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
         data = args.data
         if args.dry_run and data is None:
             sys.path.insert(0, str(REPO))
-            from bench.gpu_check import SPLITS
-            from tests.tiny import write_corpus
+            from transformer.data.synthetic import MULTI30K_SPLITS, write_corpus
 
-            data = write_corpus(Path(tmp) / "corpus", SPLITS, suffix=".gz")
+            data = write_corpus(Path(tmp) / "corpus", MULTI30K_SPLITS, suffix=".gz")
         states = train_levers(args.levers, data, args)
         results = [lever_result(lv, states[lv], data, args) for lv in args.levers]
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")

@@ -3,9 +3,9 @@
 # over model.num_heads=1,2,4,8 at d_model 256, and over model.num_kv_heads=1,2 (grouped-query) at
 # 4 heads; then each run's last.ckpt is scored (test_2016_flickr, beam 5), its heads ranked
 # (analysis=heads, gradient importance) and labelled (analysis=maps, roles), and
-# bench/how_many_heads_report.py gathers one table and one figure.
+# dev/how_many_heads_report.py gathers one table and one figure.
 #
-#   bash bench/how_many_heads.sh DATA_ROOT OUT [STEPS]     # e.g. ../shared/data/multi30k outputs/heads 1200
+#   bash dev/how_many_heads.sh DATA_ROOT OUT [STEPS]     # e.g. ../shared/data/multi30k outputs/heads 1200
 #
 # Equal updates rather than equal wall time: a shared machine's speed moves 10-25% between runs,
 # and the four head counts do the same matrix work at a fixed width. Each run's wall time is
@@ -33,4 +33,4 @@ for run in "$OUT"/heads/* "$OUT"/kv/*; do
     python evaluate.py "ckpt_path=$ckpt" "data.root=$DATA" split=val analysis=maps \
         "hydra.run.dir=$run/analysis_maps"
 done
-python bench/how_many_heads_report.py "$OUT"
+python dev/how_many_heads_report.py "$OUT"

@@ -369,6 +369,7 @@ def trained() -> tuple[Transformer, torch.Tensor]:
     return reversing_model(80), src
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
 def test_the_gpu_path_decodes_what_the_cpu_path_decodes(monkeypatch, trained, strategy) -> None:
     """The GPU's path without graphs (a static cache read behind a length mask; done sentences
@@ -454,6 +455,7 @@ def test_an_ensemble_of_one_model_or_of_copies_of_it_decodes_as_the_model(option
     assert copies_scores == [pytest.approx(s, abs=1e-5) for s in scores]
 
 
+@pytest.mark.slow
 def test_an_ensemble_of_two_models_decodes_their_mean_probabilities() -> None:
     torch.manual_seed(1)
     models, src = [random_model(), random_model()], sources()
@@ -543,6 +545,7 @@ def first_token_distribution(
     return [probs[i] / mass if i in nucleus else 0.0 for i in range(len(probs))]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("temperature", "top_k", "top_p"),
     [(1.0, 0, 1.0), (0.5, 0, 1.0), (2.0, 8, 1.0), (1.0, 0, 0.5), (0.7, 12, 0.8)],
@@ -572,6 +575,7 @@ def test_first_tokens_follow_the_tempered_truncated_distribution(temperature, to
 V_MODEL = 40  # random_model's vocabulary
 
 
+@pytest.mark.slow
 def test_samples_are_reproducible_and_independent_of_the_batch() -> None:
     model, src = random_model(), sources()
     options = DecodeOptions(strategy="sample", max_len_b=8, seed=3)

@@ -145,6 +145,7 @@ def drawn(dom: str) -> tuple[str, list[float]]:
     return state, [float(w) for w in re.findall(r'data-w="([0-9.]+)"', dom)]
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
 def test_browser_draws_the_chosen_view_and_merges_words_as_stated(run, tmp_path) -> None:
     _, captured, records = run
@@ -174,6 +175,7 @@ def test_browser_draws_the_chosen_view_and_merges_words_as_stated(run, tmp_path)
     assert len(cells) == 4 * tgt_len * tgt_len  # every head of the layer
 
 
+@pytest.mark.slow
 def test_bench_page_grows_with_the_validations() -> None:
     from argparse import Namespace
 

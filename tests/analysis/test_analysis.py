@@ -87,6 +87,7 @@ def test_statistics_of_known_heads() -> None:
     assert stats["eos"][0].tolist() == pytest.approx([1 / T, 1 / T, 0.0])
 
 
+@pytest.mark.slow
 def test_figures_are_written_for_every_type_layer_and_probe(tokenizers, tmp_path) -> None:
     src_tok, tgt_tok = tokenizers
     model = tiny_model(64, num_encoder_layers=1)
@@ -137,6 +138,7 @@ def test_head_grid_figure_holds_one_panel_per_head() -> None:
     assert queries == [list("abc"), [], [], [], list("abc"), []]
 
 
+@pytest.mark.slow
 def test_head_importance_masks_one_head_at_a_time_then_prunes(tokenizers, tmp_path) -> None:
     src_tok, tgt_tok = tokenizers
     model = tiny_model(64, num_decoder_layers=1, num_encoder_layers=1, num_heads=2)
@@ -283,6 +285,7 @@ def test_roles_of_constructed_heads() -> None:
     assert {r for layer in [*roles["encoder_self"], *roles["cross"]] for r in layer} == set(ROLES)
 
 
+@pytest.mark.slow
 def test_roles_are_written_beside_the_statistics(tmp_path) -> None:
     model = tiny_model(64)
     srcs, tgts = sentences()

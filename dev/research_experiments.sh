@@ -2,16 +2,16 @@
 # Issue 22's experiments on Multi30k, each against its baseline in the same conditions (equal
 # updates, the CPU recipe's settings otherwise), results in README "Research workflows":
 #
-#   bash bench/research_experiments.sh distill DATA OUT TEACHER [STEPS]
+#   bash dev/research_experiments.sh distill DATA OUT TEACHER [STEPS]
 #       sequence-level distillation (Kim & Rush 2016): TEACHER (a checkpoint) translates the
 #       training sources with beam 5; a student smaller than model=mini (2+2 layers) trains on
 #       its output and, as the baseline, on the references
-#   bash bench/research_experiments.sh backtranslation DATA OUT [STEPS]
+#   bash dev/research_experiments.sh backtranslation DATA OUT [STEPS]
 #       back-translation (Sennrich et al. 2016; sampled: Edunov et al. 2018; tagged: Caswell et
 #       al. 2019): de->en trains on the first half of the training pairs and translates the
 #       German of the second half, with beam 5 and by sampling; en->de trains on the first half
 #       alone (the baseline) and on it plus each back-translation, tagged <bt> and untagged
-#   bash bench/research_experiments.sh multilingual DATA OUT [STEPS]
+#   bash dev/research_experiments.sh multilingual DATA OUT [STEPS]
 #       one model en->{de,fr,cs} with target tokens (3 x STEPS updates) against three bilingual
 #       models (STEPS each): the same size and, in all, the same updates
 #

@@ -1,13 +1,17 @@
-"""bench/bench_levers.py: every lever is a valid change of its recipe (CPU or GPU), the options,
-the table, a dry run of one lever end to end (train.py, then evaluate's scoring of its
-checkpoints), and the GPU mode's runs side by side, stopped at a deadline and resumed."""
+"""dev/bench_levers.py: every lever is a valid change of its recipe (CPU or GPU) that changes
+what its overrides declare and nothing else, the options, the table, a dry run of one lever end to
+end (train.py, then evaluate's scoring of its checkpoints), and the GPU mode's runs side by side,
+stopped at a deadline and resumed."""
 
 from __future__ import annotations
 
-import pytest
-from omegaconf import DictConfig
+from typing import Any
 
-from bench.bench_levers import (
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
+from dev.bench_levers import (
     GPU_COMMON,
     GPU_LEVERS,
     LEVERS,
@@ -21,67 +25,55 @@ from bench.bench_levers import (
 from tests.tiny import compose_cfg
 from transformer.config_checks import validate_config
 
-# the model-size levers (CPU only) -> the model keys each changes, and to what
-MODEL_SIZES = {
-    "layers6": {"num_encoder_layers": 6, "num_decoder_layers": 6},
-    "dmodel192": {"d_model": 192, "d_ff": 384},
-}
-# the data levers' changes: the joint vocabulary's size, the batch's token budget
-DATA_CHANGES = {
-    "vocab4k": {"vocab_size": 4000},
-    "vocab8k": {"vocab_size": 8000},
-    "tokens2048": {"max_tokens": 2048},
-}
+pytestmark = pytest.mark.bench  # a script of bench/ or dev/
 
 
-def dropouts_of(lever: str) -> set[str]:
-    """The dropout keys a lever changes: dropout levers their rates, the others none."""
-    if lever.startswith("dropout"):
-        return {"dropout"}
-    return {"attention_dropout", "activation_dropout"} if lever.startswith("attndrop") else set()
+def leaves(tree: dict, prefix: str = "") -> dict[str, Any]:
+    """A config's values by dotted key, interpolations unresolved (the vocabulary sizes stay
+    ``${data.vocab_size}``: they follow the data's, they are not changed by a lever)."""
+    out: dict[str, Any] = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out |= leaves(value, f"{prefix}{key}.")
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def changed_keys(old: DictConfig, new: DictConfig) -> set[str]:
-    """The keys whose values differ between two config groups, asserted to have the same keys."""
-    assert set(new) == set(old)
-    return {k for k in old if new[k] != old[k]}
-
-
-def model_changes(recipe: DictConfig, cfg: DictConfig) -> set[str]:
-    """The model keys ``cfg`` changes, but for the vocabulary sizes (they follow
-    ``data.vocab_size``)."""
+def changes_only_what_it_declares(lever: list[str], recipe: DictConfig, cfg: DictConfig) -> None:
+    """A lever's overrides declare what it changes: each ``key=value`` a key of the recipe, set to
+    that value (which the recipe does not have already), each ``group=option`` a config group it
+    changes; no other key of the recipe moves."""
+    old = leaves(OmegaConf.to_container(recipe))  # type: ignore[arg-type]
+    new = leaves(OmegaConf.to_container(cfg))  # type: ignore[arg-type]
+    declared: set[str] = set()
+    for override in OverridesParser.create().parse_overrides(lever):
+        key = override.key_or_group
+        if key in old:
+            assert new[key] == override.value() != old[key], override.input_line
+            declared.add(key)
+        else:  # a config group: the keys under it
+            group = {k for k in old.keys() | new.keys() if k.startswith(f"{key}.")}
+            assert group, f"{override.input_line}: neither a key nor a group of the recipe"
+            assert any(old.get(k) != new.get(k) for k in group), override.input_line
+            declared |= group
+    moved = {k for k in old.keys() | new.keys() if old.get(k) != new.get(k)}
+    assert moved <= declared, sorted(moved - declared)
     assert cfg.model.src_vocab_size == cfg.model.tgt_vocab_size == cfg.data.vocab_size
-    return changed_keys(recipe.model, cfg.model) - {"src_vocab_size", "tgt_vocab_size"}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lever", LEVERS)
 def test_each_lever_is_a_valid_change_of_the_cpu_recipe(lever, tmp_path):
     recipe = compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *LEVERS[lever]], tmp_path)
     validate_config(cfg)
     assert cfg.callbacks == recipe.callbacks and cfg.trainer.max_time == "00:00:54:00"
-    # the data changes only under the data levers, only the key each names, to its value
-    data = DATA_CHANGES.get(lever, {})
-    assert changed_keys(recipe.data, cfg.data) == set(data)
-    assert all(cfg.data[k] == v for k, v in data.items())
-    # the model changes only under the dropout levers (its dropout, to the lever's value) and the
-    # model-size levers (its shape, to theirs)
-    sizes = MODEL_SIZES.get(lever, {})
-    assert model_changes(recipe, cfg) == dropouts_of(lever) | set(sizes)
-    assert all(cfg.model[k] == v for k, v in sizes.items())
-    changed = lever.startswith("dropout")
-    assert not changed or cfg.model.dropout == float(lever.removeprefix("dropout"))
-    assert lever != "attndrop0.1" or cfg.model.attention_dropout == 0.1
-    # a learning-rate lever changes the peak rate alone, to its value; the schedule levers the
-    # schedule; the others neither
-    peak = changed_keys(recipe.optim.optimizer, cfg.optim.optimizer)
-    assert peak == ({"lr"} if lever.startswith("lr") else set())
-    assert not peak or cfg.optim.optimizer.lr == float(lever.removeprefix("lr"))
-    schedules = ("invsqrt", "cosine", "linear", "cooldown0.3")
-    assert (cfg.optim.scheduler != recipe.optim.scheduler) == (lever in schedules)
+    changes_only_what_it_declares(LEVERS[lever], recipe, cfg)
     assert (cfg == recipe) == (lever == "recipe")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("lever", GPU_LEVERS)
 def test_each_gpu_lever_is_a_valid_change_of_the_gpu_recipe(lever, tmp_path):
     budget = ["experiment=multi30k_en_de", "trainer.max_steps=12000", "trainer.max_epochs=-1"]
@@ -90,7 +82,7 @@ def test_each_gpu_lever_is_a_valid_change_of_the_gpu_recipe(lever, tmp_path):
     validate_config(cfg)  # the budgeted schedules need trainer.max_steps: the budget gives it
     assert "attention_maps" not in cfg.callbacks and cfg.validation.bleu_sentences == 300
     assert cfg.data == recipe.data and cfg.trainer == recipe.trainer
-    assert model_changes(recipe, cfg) == dropouts_of(lever)
+    changes_only_what_it_declares(GPU_LEVERS[lever], recipe, cfg)
     assert (cfg == recipe) == (lever == "recipe")
     assert cfg.optim.scheduler.warmup_steps == 2000  # the GPU recipe's, under every schedule
 
@@ -135,6 +127,7 @@ def test_table_has_a_row_per_lever_and_checkpoint():
     assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
 
 
+@pytest.mark.slow
 def test_dry_run_of_one_lever_trains_scores_and_tabulates(tmp_path):
     (result,) = main(["--dry-run", "--levers", "ema", "--out", str(tmp_path)])
     assert result["returncode"] == 0 and result["updates"] >= 1
@@ -142,6 +135,7 @@ def test_dry_run_of_one_lever_trains_scores_and_tabulates(tmp_path):
     assert (tmp_path / "table.md").read_text().count("| ema |") == len(result["scores"])
 
 
+@pytest.mark.slow
 def test_gpu_mode_trains_side_by_side_stops_at_the_deadline_and_resumes(tmp_path):
     args = ["--gpu", "--dry-run", "--parallel", "2", "--levers", "recipe,invsqrt"]
     args += ["--out", str(tmp_path)]

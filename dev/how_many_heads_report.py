@@ -1,10 +1,10 @@
-"""The table and figure of ``bench/how_many_heads.sh``: per run of the sweep, its head setting,
+"""The table and figure of ``dev/how_many_heads.sh``: per run of the sweep, its head setting,
 parameters, updates and wall time (from ``train.log``), the last validation's BLEU, test BLEU
 (``eval_test_2016_flickr/metrics.json``), the head roles (``analysis_maps``' ``roles.json``), and
 how concentrated the gradient importance is and what pruning half of the heads costs
 (``analysis_heads/heads.json``).
 
-    python bench/how_many_heads_report.py OUT     # writes OUT/how_many_heads.md and .png
+    python dev/how_many_heads_report.py OUT     # writes OUT/how_many_heads.md and .png
 """
 
 from __future__ import annotations
@@ -147,11 +147,11 @@ def figure(rows: list[dict], path: Path) -> None:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("out", type=Path, help="the OUT of bench/how_many_heads.sh")
+    parser.add_argument("out", type=Path, help="the OUT of dev/how_many_heads.sh")
     args = parser.parse_args()
     rows = collect(args.out)
     if not rows:
-        raise SystemExit(f"error: no evaluated run under {args.out} (run bench/how_many_heads.sh)")
+        raise SystemExit(f"error: no evaluated run under {args.out} (run dev/how_many_heads.sh)")
     (args.out / "how_many_heads.json").write_text(json.dumps(rows, indent=1))
     (args.out / "how_many_heads.md").write_text(table(rows))
     figure(rows, args.out / "how_many_heads.png")

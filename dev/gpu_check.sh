@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks to run when a GPU is lent (BENCHMARKS.md, "GPU check: what to run when a GPU is lent").
 #
-#   bench/gpu_check.sh 1|2|3|recipe|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
+#   dev/gpu_check.sh 1|2|3|recipe|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
 #
 #   1  training speed: bench_train at the recipe's size, transformer-base and transformer-big,
 #      ours against torch.nn.Transformer and MarianMTModel on Multi30k batches, then ours
@@ -62,7 +62,7 @@ done
 cd "$(dirname "$0")/.."
 ROOT=$PWD
 PY=${PYTHON:-python3}
-HELP=("$PY" "$ROOT/bench/gpu_check.py")
+HELP=("$PY" "$ROOT/dev/gpu_check.py")
 COMMIT=$(git rev-parse --short HEAD 2>/dev/null || echo '?')
 # The project is not pip-installed on the GPU machine: it runs from this checkout.
 export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
@@ -392,7 +392,7 @@ stage3() {
   # dry run only collects them (seconds instead of minutes on 2 cores).
   local pytest=(-q -ra --durations=15 -p no:cacheprovider)
   ((DRY)) && pytest+=(--collect-only)
-  local shards=("tests/test_train.py" "tests/test_evaluate.py tests/test_decoding.py"
+  local shards=("tests/test_train.py" "tests/test_evaluate.py tests/decoding/test_decoding.py"
     "tests/test_precision_matrix.py tests/test_loss.py tests/test_attention.py")
   local present=() absent=() shard f kept
   for shard in "${shards[@]}"; do

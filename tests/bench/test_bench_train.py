@@ -15,6 +15,8 @@ from bench.common import logits_loss, own_loss, train_step
 from transformer import Transformer, TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
+pytestmark = pytest.mark.bench  # a script of bench/ or dev/
+
 
 @pytest.fixture(scope="module")
 def dry(tmp_path_factory):
@@ -70,6 +72,7 @@ def test_batches_are_bucketed_within_the_budget() -> None:
     assert real / total > 0.75  # length bucketing keeps padding small
 
 
+@pytest.mark.slow
 def test_the_steps_kept_are_the_steps_run(dry) -> None:
     result, shapes, _ = dry
     assert [(s.src_shape, s.tgt_shape) for s in result.steps] == shapes[
@@ -77,6 +80,7 @@ def test_the_steps_kept_are_the_steps_run(dry) -> None:
     ]  # then one profiled step per system
 
 
+@pytest.mark.slow
 def test_every_timed_shape_is_warmed_up_first_for_every_system(dry) -> None:
     result, _, _ = dry
     names = [r.name for r in result.rows]
@@ -90,6 +94,7 @@ def test_every_timed_shape_is_warmed_up_first_for_every_system(dry) -> None:
         assert len(timed) == 4 and len(set(timed)) > 1 and set(timed) <= warm
 
 
+@pytest.mark.slow
 def test_systems_take_turns_in_a_fixed_order_and_its_reverse(dry) -> None:
     result, _, _ = dry
     names = [r.name for r in result.rows]
@@ -100,6 +105,7 @@ def test_systems_take_turns_in_a_fixed_order_and_its_reverse(dry) -> None:
         assert [s.position for s in timed if s.batch == batch] == list(range(len(names)))
 
 
+@pytest.mark.slow
 def test_totals_and_percentiles_come_from_the_steps_kept(dry) -> None:
     result, _, kept = dry
     steps = [s for s in kept["steps"] if s["phase"] == "timed"]
@@ -118,6 +124,7 @@ def test_totals_and_percentiles_come_from_the_steps_kept(dry) -> None:
     assert [r.name for r in result.rows] == [r["name"] for r in kept["systems"]]
 
 
+@pytest.mark.slow
 def test_the_attention_backend_that_ran_is_named(dry) -> None:
     """From the aten ops of a profiled step: ours calls SDPA once per attention layer (2 encoder
     self-attention, 2 decoder self- and 2 cross-attention: CPU's flash kernel in float32)."""
@@ -141,6 +148,7 @@ def test_ours_own_loss_is_the_peers_loss_on_the_same_batch() -> None:
     torch.testing.assert_close(own, logits_loss(model, 0.1)(batch, n))
 
 
+@pytest.mark.slow
 def test_marian_is_compared_when_transformers_is_installed(dry) -> None:
     reason = "MarianMTModel needs transformers, in the `bench` extra: pip install -e '.[bench]'"
     pytest.importorskip("transformers", reason=reason)

@@ -1,4 +1,4 @@
-"""Helpers of ``bench/gpu_check.sh`` (the checks to run when a GPU is lent; BENCHMARKS.md).
+"""Helpers of ``dev/gpu_check.sh`` (the checks to run when a GPU is lent; BENCHMARKS.md).
 
 Each subcommand does one small job for the shell script and prints its result:
 
@@ -34,20 +34,18 @@ import time
 from pathlib import Path
 from typing import Any
 
-SPLITS = {"train": 400, "val": 16, "test_2016_flickr": 12, "test_2017_flickr": 8,
-          "test_2017_mscoco": 8}  # fmt: skip
-
 
 def cmd_corpus(args: argparse.Namespace) -> None:
     """``{split}.{en,de}.gz`` for Multi30k's five splits: read by ``data=multi30k`` (the real
     runs' source) through the same code as the real files."""
-    # The test suite's made-up language pair (German-like words, each the image of one English
+    # The made-up language pair of the tests (German-like words, each the image of one English
     # word): a few training steps already move the loss, and BLEU has something to score.
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from tests.tiny import write_corpus
+    from transformer.data.synthetic import MULTI30K_SPLITS, write_corpus
 
-    root = write_corpus(Path(args.dir), SPLITS, suffix=".gz")
-    print(f"synthetic corpus: {', '.join(f'{s} {n}' for s, n in SPLITS.items())} pairs in {root}")
+    root = write_corpus(Path(args.dir), MULTI30K_SPLITS, suffix=".gz")
+    splits = ", ".join(f"{s} {n}" for s, n in MULTI30K_SPLITS.items())
+    print(f"synthetic corpus: {splits} pairs in {root}")
 
 
 def _version(module: str) -> str:
@@ -480,7 +478,7 @@ def cmd_report(args: argparse.Namespace) -> None:
     env = _env(out)
     title, tables = REPORTS[args.stage]
     text = "\n".join([
-        f"### {title} ({time.strftime('%Y-%m-%d', time.gmtime())}, `bash bench/gpu_check.sh "
+        f"### {title} ({time.strftime('%Y-%m-%d', time.gmtime())}, `bash dev/gpu_check.sh "
         f"{args.stage}`)",
         "",
         f"{env.get('gpu_name', 'no GPU (dry run)')}, torch {env.get('torch', '?')}, CUDA "

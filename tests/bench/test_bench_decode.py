@@ -12,6 +12,8 @@ import pytest
 
 from tests.tiny import REPO
 
+pytestmark = pytest.mark.bench  # a script of bench/ or dev/
+
 
 def run(script: str, *args: str) -> str:
     cmd = [sys.executable, str(REPO / "bench" / script), *args]
@@ -20,6 +22,7 @@ def run(script: str, *args: str) -> str:
     return done.stdout
 
 
+@pytest.mark.slow
 def test_bench_attention_reports_every_shape() -> None:
     out = run("bench_attention.py", "--device", "cpu", "--repeat", "1")
     rows = [line for line in out.splitlines() if re.match(r"\| (train|decode):", line)]
@@ -30,6 +33,7 @@ def test_bench_attention_reports_every_shape() -> None:
 @pytest.mark.skipif(
     not os.environ.get("MULTI30K_DIR"), reason="MULTI30K_DIR is not set to the Multi30k files"
 )
+@pytest.mark.slow
 def test_bench_decode_dry_run_reports_every_system_and_search(tmp_path) -> None:
     marian = importlib.util.find_spec("transformers") is not None
     ct2 = importlib.util.find_spec("ctranslate2") is not None
