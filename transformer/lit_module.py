@@ -2,16 +2,14 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
@@ -23,12 +21,18 @@ from transformer.checkpoints import read_training_state, set_rng_states, write_t
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding import DecodeOptions
-from transformer.loss import label_smoothed_loss, rdrop_loss
+from transformer.decoding.options import validation_decoding
+from transformer.loss import check_label_smoothing, label_smoothed_loss, rdrop_loss
 from transformer.metrics import score_translations
 from transformer.model import Transformer
 from transformer.nonfinite import NonFiniteSteps
-from transformer.optim import build_optimizer, clip_gradients, gradient_norm
+from transformer.optim import (
+    budget_progress,
+    build_optimizer,
+    clip_gradients,
+    gradient_norm,
+    takes_progress,
+)
 from transformer.precision import AutocastWeights
 from transformer.translate import decode_batch
 
@@ -68,54 +72,6 @@ def compile_options(backend: str, buckets: int, device_type: str) -> dict[str, A
     return options
 
 
-def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
-    """The ``validation.decoding`` options (greedy unless they say otherwise), checked; messages
-    name them ``validation.decoding.*``. ``train`` checks them here before any data work."""
-    return DecodeOptions.from_dict(
-        {"strategy": "greedy", **(options or {})},
-        prefix="validation.decoding",
-        strategies=("greedy", "beam"),
-    )
-
-
-def takes_progress(scheduler: Callable[..., Any]) -> bool:
-    """Whether a scheduler factory (a partial) follows the training budget: it takes
-    ``progress`` (:class:`transformer.optim.BudgetLR`)."""
-    target = getattr(scheduler, "func", scheduler)
-    return "progress" in inspect.signature(target).parameters
-
-
-def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
-    """The share of the training budget used once the next optimizer step is made: the larger of
-    ``(global_step + 1) / trainer.max_steps`` and the training time elapsed over
-    ``trainer.max_time``, so whichever limit ends training first. The time is Lightning's
-    ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
-    included, and saved in checkpoints, so a resumed run continues from the time already spent.
-    Under DDP rank 0's time is broadcast, for the same rate on every rank."""
-    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
-    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
-
-    def progress() -> float:
-        share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
-        if timer is not None:
-            elapsed = timer.time_elapsed("train")
-            share_of_time = elapsed / (elapsed + timer.time_remaining("train"))
-            if trainer.world_size > 1:
-                share_of_time = trainer.strategy.broadcast(share_of_time)
-            share = max(share, share_of_time)
-        return share
-
-    return progress
-
-
-def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
-    """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
-    ``loss.label_smoothing`` here before any data work."""
-    if not 0.0 <= eps < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {eps}")
-    return eps
-
-
 def logs_after(step: int, log_every_n_steps: int) -> bool:
     """Whether Lightning's loggers read the values logged by optimizer step ``step`` (0-based):
     those of every ``log_every_n_steps``-th step. A device value read then costs no extra sync."""
@@ -131,15 +87,15 @@ class TranslationModule(L.LightningModule):
             ``weight_decay`` applies to the decay group only.
         scheduler: partial taking the optimizer, returning a per-step LR scheduler; one that
             also takes ``progress`` (:class:`transformer.optim.BudgetLR`) gets
-            :func:`budget_progress` of the trainer.
+            :func:`transformer.optim.budget_progress` of the trainer.
         label_smoothing: epsilon of the label-smoothed cross entropy.
         rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
             batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
             passes' symmetric KL divergence (:func:`transformer.loss.rdrop_loss`); validation
             runs once.
-        decoding: validation decoding, :class:`DecodeOptions` fields (``strategy``: ``greedy``
-            unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
-            missing ones take its defaults, invalid ones raise ValueError.
+        decoding: validation decoding, :class:`transformer.decoding.DecodeOptions` fields
+            (``strategy``: ``greedy`` unless given, or ``beam``; ``beam_size``, ``len_penalty``,
+            ``max_len_a``, ...); missing ones take its defaults, invalid ones raise ValueError.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
         max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
             counted; this

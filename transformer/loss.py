@@ -24,6 +24,14 @@ from transformer.linear import linear
 CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
+def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
+    """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
+    ``loss.label_smoothing`` here before any data work."""
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {eps}")
+    return eps
+
+
 def _saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
     """The hidden states' and the projection's gradients, computed in the forward, scaled by the
     loss's incoming gradient (the loss is a sum: its backward only scales them)."""

@@ -17,6 +17,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel
@@ -172,7 +173,7 @@ class BudgetLR(LambdaLR):
     scheduler's step, as for :func:`warmup_inverse_sqrt`) and of ``progress()``, the share of
     the training budget used once the next update is made (the Lightning module supplies it
     from ``trainer.max_steps`` and ``trainer.max_time``:
-    :func:`transformer.lit_module.budget_progress`).
+    :func:`budget_progress`).
     ``progress`` is not part of the state dict: a resumed run gets it from its trainer.
     """
 
@@ -207,13 +208,45 @@ class BudgetLR(LambdaLR):
         return state
 
 
+def takes_progress(scheduler: Callable[..., Any]) -> bool:
+    """Whether a scheduler factory (a partial) follows the training budget: it takes
+    ``progress`` (:class:`BudgetLR`)."""
+    target = getattr(scheduler, "func", scheduler)
+    return "progress" in inspect.signature(target).parameters
+
+
+def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
+    """The share of the training budget used once the next optimizer step is made: the larger of
+    ``(global_step + 1) / trainer.max_steps`` and the training time elapsed over
+    ``trainer.max_time``, so whichever limit ends training first. The time is Lightning's
+    ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
+    included, and saved in checkpoints, so a resumed run continues from the time already spent.
+    Under DDP rank 0's time is broadcast, for the same rate on every rank."""
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
+
+    def progress() -> float:
+        share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
+        if timer is not None:
+            elapsed = timer.time_elapsed("train")
+            share_of_time = elapsed / (elapsed + timer.time_remaining("train"))
+            if trainer.world_size > 1:
+                share_of_time = trainer.strategy.broadcast(share_of_time)
+            share = max(share, share_of_time)
+        return share
+
+    return progress
+
+
 __all__ = [
     "SHAPES",
     "BudgetLR",
     "budget_factor",
+    "budget_progress",
     "build_optimizer",
     "clip_gradients",
     "inverse_sqrt_factor",
     "param_groups",
+    "takes_progress",
     "warmup_inverse_sqrt",
 ]
