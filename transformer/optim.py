@@ -17,12 +17,14 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
+
+from transformer.budget import budget_progress, warn_if_epochs_end_first
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -173,7 +175,7 @@ class BudgetLR(LambdaLR):
     scheduler's step, as for :func:`warmup_inverse_sqrt`) and of ``progress()``, the share of
     the training budget used once the next update is made (the Lightning module supplies it
     from ``trainer.max_steps`` and ``trainer.max_time``:
-    :func:`budget_progress`).
+    :func:`transformer.budget.budget_progress`).
     ``progress`` is not part of the state dict: a resumed run gets it from its trainer.
     """
 
@@ -215,36 +217,40 @@ def takes_progress(scheduler: Callable[..., Any]) -> bool:
     return "progress" in inspect.signature(target).parameters
 
 
-def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
-    """The share of the training budget used once the next optimizer step is made: the larger of
-    ``(global_step + 1) / trainer.max_steps`` and the training time elapsed over
-    ``trainer.max_time``, so whichever limit ends training first. The time is Lightning's
-    ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
-    included, and saved in checkpoints, so a resumed run continues from the time already spent.
-    Under DDP rank 0's time is broadcast, for the same rate on every rank."""
-    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
-    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
-
-    def progress() -> float:
-        share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
-        if timer is not None:
-            elapsed = timer.time_elapsed("train")
-            share_of_time = elapsed / (elapsed + timer.time_remaining("train"))
-            if trainer.world_size > 1:
-                share_of_time = trainer.strategy.broadcast(share_of_time)
-            share = max(share, share_of_time)
-        return share
-
-    return progress
+def configure_optimizers(
+    model: nn.Module,
+    optimizer: Callable[..., Optimizer],
+    scheduler: Callable[..., Any] | None,
+    trainer: L.Trainer,
+) -> Optimizer | dict[str, Any]:
+    """What a LightningModule's ``configure_optimizers`` returns: ``optimizer`` built on
+    ``model`` (:func:`build_optimizer`, its ``weight_decay`` for the decay group) and, with a
+    ``scheduler``, the schedule stepped every optimizer step; a budgeted one (it takes
+    ``progress``, :func:`takes_progress`) follows :func:`transformer.budget.budget_progress` of
+    ``trainer``."""
+    wd = getattr(optimizer, "keywords", {}).get("weight_decay", 0.0)
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    opt = build_optimizer(model, optimizer, wd, sharded_fp16=isinstance(scaler, ShardedGradScaler))
+    if scheduler is None:
+        return opt
+    if takes_progress(scheduler):  # a budgeted schedule: ends with training
+        schedule = scheduler(opt, progress=budget_progress(trainer))
+        warn_if_epochs_end_first(trainer)
+    else:
+        schedule = scheduler(opt)
+    return {
+        "optimizer": opt,
+        "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
+    }
 
 
 __all__ = [
     "SHAPES",
     "BudgetLR",
     "budget_factor",
-    "budget_progress",
     "build_optimizer",
     "clip_gradients",
+    "configure_optimizers",
     "inverse_sqrt_factor",
     "param_groups",
     "takes_progress",
