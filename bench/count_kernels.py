@@ -41,7 +41,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import transformer.attention
+import transformer.attend
 import transformer.dropout
 import transformer.linear
 from transformer.data.collate import Collator
@@ -98,7 +98,7 @@ def cuda_code_paths() -> Iterator[None]:
         mock.patch.object(transformer.linear, "_takes_onednn", lambda x, weight: False),
         mock.patch.object(transformer.dropout, "dropout", _dropout_off_cpu),
         mock.patch.object(F, "dropout", _cuda_dropout),
-        mock.patch.object(transformer.attention, "sdpa", F.scaled_dot_product_attention),
+        mock.patch.object(transformer.attend, "sdpa", F.scaled_dot_product_attention),
     ]  # fmt: skip
     with ExitStack() as stack:
         for patch in patches:

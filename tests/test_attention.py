@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-import transformer.attention as attention_module
+import transformer.attend as attend
 from tests.tiny import lengths_to_pad_mask
 from transformer import KVCache, MultiheadAttention
 from transformer.masks import attention_allowed, causal_allowed
@@ -108,7 +108,7 @@ def test_half_precision_decoding_step_on_cpu_runs_in_float32(autocast: bool) -> 
     f32 = [t.float() for t in (q, k, v)]
     expected = nn.functional.scaled_dot_product_attention(*f32, attn_mask=allowed).bfloat16()
     with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
-        out = attention_module.sdpa(q, k, v, attn_mask=allowed)
+        out = attend.sdpa(q, k, v, attn_mask=allowed)
     assert out.dtype == torch.bfloat16
     assert torch.equal(out, expected)
 
@@ -123,13 +123,13 @@ def test_half_precision_training_attention_on_cpu_matches_float32(causal: bool) 
     f32 = [t.detach().float() for t in (q, k, v)]
     expected = nn.functional.scaled_dot_product_attention(*f32, attn_mask=allowed)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = attention_module.sdpa(q, k, v, attn_mask=allowed)
+        out = attend.sdpa(q, k, v, attn_mask=allowed)
     assert out.dtype == torch.bfloat16
     torch.testing.assert_close(out.detach().float(), expected, atol=2e-2, rtol=2e-2)
     out.float().sum().backward()  # gradients flow to every input
     assert all(t.grad is not None and t.grad.isfinite().all() for t in (q, k, v))
     if causal:  # is_causal alone builds the same causal mask
-        plain = attention_module.sdpa(q, k, v, is_causal=True)
+        plain = attend.sdpa(q, k, v, is_causal=True)
         causal_only = nn.functional.scaled_dot_product_attention(*f32, is_causal=True)
         torch.testing.assert_close(plain.detach().float(), causal_only, atol=2e-2, rtol=2e-2)
 
@@ -210,19 +210,17 @@ def test_a_cached_step_on_cpu_is_torch_attention_of_the_cache(monkeypatch, num_k
     for queries in (1, 5):  # one decoder row per sentence, or five beams' rows attending together
         q = torch.randn(B, H, queries, D // H)
         want = nn.functional.scaled_dot_product_attention(q, k, v, allowed, enable_gqa=gqa)
-        got = attention_module.step_attention(q, cache.k, cache.v, allowed)
+        got = attend.step_attention(q, cache.k, cache.v, allowed)
         torch.testing.assert_close(got, want, atol=1e-6, rtol=1e-5)
-    half = attention_module.step_attention(
-        q.bfloat16(), cache.k.bfloat16(), cache.v.bfloat16(), None
-    )
+    half = attend.step_attention(q.bfloat16(), cache.k.bfloat16(), cache.v.bfloat16(), None)
     f32 = [t.bfloat16().float() for t in (q, k, v)]
     want = nn.functional.scaled_dot_product_attention(*f32, enable_gqa=gqa)
     assert half.dtype == torch.bfloat16
     torch.testing.assert_close(half.float(), want, atol=1e-2, rtol=1e-2)
 
     calls = []
-    real = attention_module.step_attention
-    monkeypatch.setattr(attention_module, "step_attention", lambda *a: calls.append(1) or real(*a))
+    real = attend.step_attention
+    monkeypatch.setattr(attend, "step_attention", lambda *a: calls.append(1) or real(*a))
     attn = MultiheadAttention(D, H, num_kv_heads).eval()
     step_cache = KVCache()
     attn(torch.randn(B, 2, D), causal=True, cache=step_cache)  # a prefix: SDPA
@@ -253,9 +251,9 @@ def test_cache_reorder_selects_batch_rows() -> None:
 def test_sdpa_is_the_default_and_explicit_path_only_runs_for_weights(monkeypatch) -> None:
     attn = MultiheadAttention(D, H)
     calls = []
-    real = attention_module.explicit_attention
+    real = attend.explicit_attention
     monkeypatch.setattr(
-        attention_module, "explicit_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
+        attend, "explicit_attention", lambda *a, **k: calls.append(1) or real(*a, **k)
     )
     attn(torch.randn(B, T, D), causal=True)
     assert not calls
@@ -290,13 +288,13 @@ def test_invalid_head_counts_raise(d_model: int, heads: int, kv_heads, message: 
 def test_grouped_heads_go_to_sdpa_only_where_a_fused_kernel_takes_them(
     device: str, dtype: torch.dtype, head_dim: int, masked: bool, fused: bool
 ) -> None:
-    assert attention_module.fused_gqa(device, dtype, head_dim, masked) is fused
+    assert attend.fused_gqa(device, dtype, head_dim, masked) is fused
 
 
 def test_repeat_heads_is_repeat_interleave() -> None:
     k = torch.randn(B, 2, T, D // H)
-    assert torch.equal(attention_module.repeat_heads(k, H), k.repeat_interleave(H // 2, dim=1))
-    assert attention_module.repeat_heads(k, 2) is k
+    assert torch.equal(attend.repeat_heads(k, H), k.repeat_interleave(H // 2, dim=1))
+    assert attend.repeat_heads(k, 2) is k
 
 
 @pytest.mark.parametrize("num_kv_heads", [2, 1])
@@ -320,9 +318,9 @@ def test_repeated_kv_heads_give_what_grouped_heads_give(monkeypatch, num_kv_head
 
     grouped = outputs()
     calls = []
-    real = attention_module.repeat_heads
-    monkeypatch.setattr(attention_module, "fused_gqa", lambda *args: False)
-    monkeypatch.setattr(attention_module, "repeat_heads", lambda *a: calls.append(1) or real(*a))
+    real = attend.repeat_heads
+    monkeypatch.setattr(attend, "fused_gqa", lambda *args: False)
+    monkeypatch.setattr(attend, "repeat_heads", lambda *a: calls.append(1) or real(*a))
     repeated = outputs()
     assert (
         len(calls) == 2 * 4

@@ -17,8 +17,9 @@ from transformer import KVCache, MultiheadAttention
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
 from transformer.decoding.sampling import streams, uniforms
 from transformer.decoding.step import Stepper
-from transformer.lit_module import TranslationModule, hidden_states
+from transformer.lit_module import TranslationModule
 from transformer.optim import build_optimizer
+from transformer.train_step import hidden_states
 
 pytestmark = [
     pytest.mark.cuda,

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-import transformer.attention as attention_module
+import transformer.attend as attend
 from tests.tiny import tiny_model
 from transformer import AttentionMaps, DecoderCache, Transformer, TransformerConfig, kernels
 
@@ -209,7 +209,7 @@ def test_capture_off_never_takes_the_explicit_path(monkeypatch) -> None:
     def fail(*args, **kwargs):
         raise AssertionError("explicit attention ran without weights being asked for")
 
-    monkeypatch.setattr(attention_module, "explicit_attention", fail)
+    monkeypatch.setattr(attend, "explicit_attention", fail)
     model = tiny_model(V)
     src, tgt = tokens(2, 5), tokens(2, 4)
     model(src, tgt)

@@ -25,7 +25,8 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from transformer.atomic import atomic_save
 from transformer.errors import CheckpointError, Interrupted
-from transformer.lit_module import TranslationModule, logs_after
+from transformer.lit_module import TranslationModule
+from transformer.loggers import logs_after
 from transformer.nonfinite import NonFiniteSteps
 
 log = logging.getLogger(__name__)

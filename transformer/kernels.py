@@ -1,7 +1,7 @@
 """Which kernels run where: one switch between this package's CPU kernels and its GPU paths.
 
 On CPU, linear layers run oneDNN's kernel (:mod:`transformer.linear`), a decoding step's attention
-two batched products (:func:`transformer.attention.step_attention`), and decoding reads and
+two batched products (:func:`transformer.attend.step_attention`), and decoding reads and
 writes its cache at positions the host knows (no CUDA graphs, so no shapes to keep). Elsewhere:
 ``F.linear``, ``F.scaled_dot_product_attention`` and static decoding shapes. Tests count the
 kernels a GPU would launch by sending CPU tensors down the GPU paths:

@@ -2,124 +2,34 @@
 
 from __future__ import annotations
 
-import inspect
 import logging
 import math
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import Timer
 from lightning.pytorch.strategies import FSDPStrategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor
-from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
-from torch.func import functional_call
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer.checkpoints import read_training_state, set_rng_states, write_training_state
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
-from transformer.decoding import DecodeOptions
-from transformer.loss import label_smoothed_loss, rdrop_loss
-from transformer.metrics import score_translations
+from transformer.decoding.options import validation_decoding
+from transformer.loggers import host_scalar, logs_after
+from transformer.loss import check_label_smoothing, label_smoothed_loss, rdrop_loss
 from transformer.model import Transformer
 from transformer.nonfinite import NonFiniteSteps
-from transformer.optim import build_optimizer, clip_gradients, gradient_norm
+from transformer.optim import clip_gradients, configure_optimizers, gradient_norm
 from transformer.precision import AutocastWeights
-from transformer.translate import decode_batch
+from transformer.train_step import compiled_hidden_states, hidden_states
+from transformer.validation_bleu import bleu_metrics, score_directions, translate_batch
 
 log = logging.getLogger(__name__)
-
-
-def host_scalar(x: float) -> Tensor:
-    """A host number to ``self.log``: Lightning would copy a float to the GPU (a sync); a CPU
-    tensor stays where it is."""
-    return torch.tensor(float(x))
-
-
-def hidden_states(
-    model: Transformer,
-    src: Tensor,
-    tgt_in: Tensor,
-    src_pad_mask: Tensor,
-    weights: dict[str, Tensor] | None = None,
-) -> Tensor:
-    """Teacher-forced decoder states (B, T, D): the part of a step that ``torch.compile`` takes.
-    ``weights``: tensors to run the model on in place of its parameters of those names (the
-    autocast copies of :class:`transformer.precision.AutocastWeights`)."""
-    if weights:
-        args, kwargs = (src, tgt_in, src_pad_mask), {"return_hidden": True}
-        return functional_call(model, weights, args, kwargs, tie_weights=False)
-    return model(src, tgt_in, src_pad_mask, return_hidden=True)
-
-
-def compile_options(backend: str, buckets: int, device_type: str) -> dict[str, Any]:
-    """``torch.compile``'s arguments for the training step. Without shape buckets, dynamic
-    shapes: one graph for batches of every shape. With ``buckets`` (``data.num_buckets``), static
-    shapes, one graph a bucket, and inductor on CUDA replays them as CUDA graphs
-    (``mode="reduce-overhead"``: a step's kernels launched at once, not one by one)."""
-    options: dict[str, Any] = {"backend": backend, "dynamic": not buckets}
-    if buckets and backend == "inductor" and device_type == "cuda":
-        options["mode"] = "reduce-overhead"
-    return options
-
-
-def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
-    """The ``validation.decoding`` options (greedy unless they say otherwise), checked; messages
-    name them ``validation.decoding.*``. ``train`` checks them here before any data work."""
-    return DecodeOptions.from_dict(
-        {"strategy": "greedy", **(options or {})},
-        prefix="validation.decoding",
-        strategies=("greedy", "beam"),
-    )
-
-
-def takes_progress(scheduler: Callable[..., Any]) -> bool:
-    """Whether a scheduler factory (a partial) follows the training budget: it takes
-    ``progress`` (:class:`transformer.optim.BudgetLR`)."""
-    target = getattr(scheduler, "func", scheduler)
-    return "progress" in inspect.signature(target).parameters
-
-
-def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
-    """The share of the training budget used once the next optimizer step is made: the larger of
-    ``(global_step + 1) / trainer.max_steps`` and the training time elapsed over
-    ``trainer.max_time``, so whichever limit ends training first. The time is Lightning's
-    ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
-    included, and saved in checkpoints, so a resumed run continues from the time already spent.
-    Under DDP rank 0's time is broadcast, for the same rate on every rank."""
-    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
-    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
-
-    def progress() -> float:
-        share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
-        if timer is not None:
-            elapsed = timer.time_elapsed("train")
-            share_of_time = elapsed / (elapsed + timer.time_remaining("train"))
-            if trainer.world_size > 1:
-                share_of_time = trainer.strategy.broadcast(share_of_time)
-            share = max(share, share_of_time)
-        return share
-
-    return progress
-
-
-def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
-    """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
-    ``loss.label_smoothing`` here before any data work."""
-    if not 0.0 <= eps < 1.0:
-        raise ValueError(f"{name} must be in [0, 1), got {eps}")
-    return eps
-
-
-def logs_after(step: int, log_every_n_steps: int) -> bool:
-    """Whether Lightning's loggers read the values logged by optimizer step ``step`` (0-based):
-    those of every ``log_every_n_steps``-th step. A device value read then costs no extra sync."""
-    return log_every_n_steps > 0 and (step + 1) % log_every_n_steps == 0
 
 
 class TranslationModule(L.LightningModule):
@@ -131,23 +41,22 @@ class TranslationModule(L.LightningModule):
             ``weight_decay`` applies to the decay group only.
         scheduler: partial taking the optimizer, returning a per-step LR scheduler; one that
             also takes ``progress`` (:class:`transformer.optim.BudgetLR`) gets
-            :func:`budget_progress` of the trainer.
+            :func:`transformer.budget.budget_progress` of the trainer.
         label_smoothing: epsilon of the label-smoothed cross entropy.
         rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
             batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
             passes' symmetric KL divergence (:func:`transformer.loss.rdrop_loss`); validation
             runs once.
-        decoding: validation decoding, :class:`DecodeOptions` fields (``strategy``: ``greedy``
-            unless given, or ``beam``; ``beam_size``, ``len_penalty``, ``max_len_a``, ...);
-            missing ones take its defaults, invalid ones raise ValueError.
+        decoding: validation decoding, :class:`transformer.decoding.DecodeOptions` fields
+            (``strategy``: ``greedy`` unless given, or ``beam``; ``beam_size``, ``len_penalty``,
+            ``max_len_a``, ...); missing ones take its defaults, invalid ones raise ValueError.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
         max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
-            counted; this
-            many in a row stop training with :class:`NonFiniteLoss`.
+            counted; this many in a row stop training with :class:`NonFiniteLoss`.
         compile_model: ``torch.compile`` the model's teacher-forced forward pass in training
-            steps (:func:`compile_options`). Validation, decoding and attention capture run the
-            model as it is: the training graphs are never recompiled for them. The weights keep
-            their names, so checkpoints load into an uncompiled model.
+            steps (:func:`transformer.train_step.compile_options`). Validation, decoding and
+            attention capture run the model as it is: the training graphs are never recompiled
+            for them. The weights keep their names, so checkpoints load into an uncompiled model.
         compile_backend: ``torch.compile``'s backend: ``inductor`` generates kernels;
             ``aot_eager`` traces the same forward and backward graphs and runs them eagerly.
         shape_buckets: how many shapes training batches are padded to (``data.num_buckets``;
@@ -174,9 +83,7 @@ class TranslationModule(L.LightningModule):
         self.model = Transformer(self.cfg)
         self.compile_model, self.compile_backend = compile_model, compile_backend
         self.shape_buckets = shape_buckets
-        # A compiled function, not a compiled module: nothing is registered under a new name
-        # (no ``_orig_mod.`` in the state dict), and it always runs the current ``self.model``.
-        # Made at the first step, on the device (compile_options).
+        # Made at the first step, on the device (transformer.train_step.compiled_hidden_states)
         self._compiled: Callable[..., Tensor] | None = None
         # Eager steps under autocast cast the linear weights in one go (FSDP's own are left as
         # they are: setup); compiled ones leave autocast's casts to the compiler, which fuses them.
@@ -201,10 +108,8 @@ class TranslationModule(L.LightningModule):
 
     def _compiled_step(self, device: torch.device) -> Callable[..., Tensor]:
         if self._compiled is None:
-            options = compile_options(self.compile_backend, self.shape_buckets, device.type)
-            dynamo = torch._dynamo.config  # its default allows 8 graphs a function
-            dynamo.recompile_limit = max(dynamo.recompile_limit, self.shape_buckets)
-            self._compiled = torch.compile(hidden_states, **options)
+            backend, buckets = self.compile_backend, self.shape_buckets
+            self._compiled = compiled_hidden_states(backend, buckets, device.type)
         return self._compiled
 
     def _loss(
@@ -324,42 +229,9 @@ class TranslationModule(L.LightningModule):
     def configure_optimizers(self):
         if self.optimizer_factory is None:
             raise ValueError("TranslationModule needs an optimizer to train")
-        wd = getattr(self.optimizer_factory, "keywords", {}).get("weight_decay", 0.0)
-        scaler = getattr(self.trainer.precision_plugin, "scaler", None)
-        optimizer = build_optimizer(
-            self.model, self.optimizer_factory, wd,
-            sharded_fp16=isinstance(scaler, ShardedGradScaler),
-        )  # fmt: skip
-        if self.scheduler_factory is None:
-            return optimizer
-        if takes_progress(self.scheduler_factory):  # a budgeted schedule: ends with training
-            scheduler = self.scheduler_factory(optimizer, progress=budget_progress(self.trainer))
-            self._warn_if_epochs_end_first()
-        else:
-            scheduler = self.scheduler_factory(optimizer)
-        return {
-            "optimizer": optimizer,
-            "lr_scheduler": {"scheduler": scheduler, "interval": "step", "frequency": 1},
-        }
-
-    def _warn_if_epochs_end_first(self) -> None:
-        """A budgeted schedule decays towards ``trainer.max_steps``; an epoch limit that ends
-        training sooner leaves the rate undecayed (e.g. ``trainer.max_epochs=4`` on the
-        12,000-update GPU recipe)."""
-        trainer = self.trainer
-        steps = trainer.max_steps
-        if steps <= 0 or trainer.max_epochs in (None, -1):
-            return
-        updates = trainer.estimated_stepping_batches  # the smaller of the two limits
-        if updates < steps and trainer.is_global_zero:  # once, not once per rank
-            log.warning(
-                "trainer.max_epochs=%d ends training after about %d updates, before "
-                "trainer.max_steps=%d, where the learning rate's decay ends: it will stop "
-                "undecayed. Set the length with trainer.max_steps (and trainer.max_epochs=-1).",
-                trainer.max_epochs,
-                updates,
-                steps,
-            )
+        return configure_optimizers(
+            self.model, self.optimizer_factory, self.scheduler_factory, self.trainer
+        )
 
     # -- validation --------------------------------------------------------------------------
 
@@ -372,21 +244,10 @@ class TranslationModule(L.LightningModule):
         self._val_sums += torch.stack([loss_sum.double(), nll_sum.double(), ntok.double()])
         if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
             return
-        keep = torch.ones_like(batch.ids, dtype=torch.bool)
-        if self.val_bleu_sentences is not None:
-            keep = batch.ids < self.val_bleu_sentences
-        if not bool(keep.any()):
-            return
-        translations = decode_batch(
-            self.model,
-            self.trainer.datamodule.tgt_tokenizer,
-            batch.src[keep],
-            self.decoding,
-            batch.src_pad_mask[keep],
-        )
-        hyps = self._val_hyps.setdefault(dataloader_idx, {})
-        for i, best in zip(batch.ids[keep].tolist(), translations, strict=True):
-            hyps[i] = best[0].text if best else ""
+        tokenizer = self.trainer.datamodule.tgt_tokenizer
+        hyps = translate_batch(self.model, tokenizer, batch, self.decoding, self.val_bleu_sentences)
+        if hyps:
+            self._val_hyps.setdefault(dataloader_idx, {}).update(hyps)
 
     def on_validation_epoch_end(self) -> None:
         sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
@@ -396,37 +257,21 @@ class TranslationModule(L.LightningModule):
         self.log("val/ppl", math.exp(min(nll_sum / ntok, 50.0)))
         if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
             return
-        datamodule = self.trainer.datamodule
-        directions = datamodule.directions
-        bleus = []
-        for idx, direction in enumerate(directions):
-            hyps = self._val_hyps.get(idx, {})
-            if self.trainer.world_size > 1:  # every rank decoded its own shard: gather them all
-                parts: list[dict[int, str]] = [{} for _ in range(self.trainer.world_size)]
-                torch.distributed.all_gather_object(parts, hyps)
-                hyps = {k: v for part in parts for k, v in part.items()}
-            if not hyps:
-                continue
-            refs = datamodule.references("val", direction)
-            ids = sorted(hyps)
-            scores = score_translations([hyps[i] for i in ids], [refs[i] for i in ids])
-            # One direction: val/bleu; several: val/bleu/en-de ..., and val/bleu their mean
-            key = "" if len(directions) == 1 else f"/{direction}"
-            self.log(f"val/bleu{key}", scores.bleu, prog_bar=not key)
-            self.log(f"val/bleu_lc{key}", scores.bleu_lc)
-            self.log(f"val/chrf{key}", scores.chrf)
-            bleus.append(scores.bleu)
-            if self.global_rank == 0:
+        directions = self.trainer.datamodule.directions
+        world_size = self.trainer.world_size
+        scores = score_directions(self.trainer.datamodule, self._val_hyps, world_size)
+        for name, value in bleu_metrics(scores, directions).items():
+            self.log(name, value, prog_bar=name == "val/bleu")
+        if self.global_rank == 0:
+            for direction, score in scores.items():
                 log.info(
                     "step %d: val BLEU %.2f on %d sentences%s (%s)",
                     self.global_step,
-                    scores.bleu,
-                    scores.num_sentences,
-                    f", {direction}" if key else "",
-                    scores.bleu_signature,
+                    score.bleu,
+                    score.num_sentences,
+                    f", {direction}" if len(directions) > 1 else "",
+                    score.bleu_signature,
                 )
-        if len(directions) > 1 and bleus:
-            self.log("val/bleu", sum(bleus) / len(bleus), prog_bar=True)
 
     # -- checkpoints -------------------------------------------------------------------------
 

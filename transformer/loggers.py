@@ -1,4 +1,5 @@
-"""Experiment loggers; wandb that falls back to offline mode instead of failing or hanging.
+"""Experiment loggers: what a training step logs without a device sync (:func:`host_scalar`,
+:func:`logs_after`); wandb that falls back to offline mode instead of failing or hanging.
 
 wandb needs an API key to log online. Without one (no ``WANDB_API_KEY``, no entry for the wandb
 host in ``~/.netrc``), or when starting the online run fails (no network), the run is logged
@@ -14,13 +15,27 @@ import os
 from pathlib import Path
 from typing import Any
 
+import torch
 from lightning.pytorch.loggers import WandbLogger
 from lightning.pytorch.loggers.logger import rank_zero_experiment
+from torch import Tensor
 
 log = logging.getLogger(__name__)
 
 WANDB_HOST = "api.wandb.ai"
 OFFLINE_MODES = ("offline", "dryrun", "disabled")
+
+
+def host_scalar(x: float) -> Tensor:
+    """A host number to ``self.log``: Lightning would copy a float to the GPU (a sync); a CPU
+    tensor stays where it is."""
+    return torch.tensor(float(x))
+
+
+def logs_after(step: int, log_every_n_steps: int) -> bool:
+    """Whether Lightning's loggers read the values logged by optimizer step ``step`` (0-based):
+    those of every ``log_every_n_steps``-th step. A device value read then costs no extra sync."""
+    return log_every_n_steps > 0 and (step + 1) % log_every_n_steps == 0
 
 
 def wandb_api_key_available() -> bool:

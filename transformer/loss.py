@@ -24,6 +24,14 @@ from transformer.linear import linear
 CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
 
 
+def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
+    """The label smoothing epsilon, in [0, 1); the message calls it ``name``. ``train`` checks
+    ``loss.label_smoothing`` here before any data work."""
+    if not 0.0 <= eps < 1.0:
+        raise ValueError(f"{name} must be in [0, 1), got {eps}")
+    return eps
+
+
 def _saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
     """The hidden states' and the projection's gradients, computed in the forward, scaled by the
     loss's incoming gradient (the loss is a sum: its backward only scales them)."""
@@ -31,6 +39,48 @@ def _saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
     return grad_hidden * grad_loss.to(grad_hidden.dtype), grad_weight * grad_loss.to(
         grad_weight.dtype
     )
+
+
+def _sums_and_gradients(
+    hidden: Tensor, weight: Tensor, want_grad: bool
+) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
+    """A forward's accumulators: the loss and NLL sums (float32 scalars) and, when gradients are
+    wanted, the states' gradient (as ``hidden``, filled chunk by chunk) and the projection's
+    (float32, summed over chunks)."""
+    loss = hidden.new_zeros((), dtype=torch.float32)
+    nll = hidden.new_zeros((), dtype=torch.float32)
+    grad_hidden = torch.empty_like(hidden) if want_grad else None
+    grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
+    return loss, nll, grad_hidden, grad_weight
+
+
+def _keep_for_backward(
+    ctx, grad_hidden: Tensor | None, grad_weight: Tensor | None, weight: Tensor, nll: Tensor
+) -> None:
+    """Keep the gradients computed in the forward for the backward (the projection's in its
+    dtype); the NLL carries none."""
+    if grad_hidden is not None:
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
+    ctx.mark_non_differentiable(nll)
+
+
+def _apply_in_chunks(
+    function: type[torch.autograd.Function],
+    hidden: Tensor,
+    weight: Tensor,
+    labels: Tensor,
+    *args: float,
+    num_passes: int,
+) -> tuple[Tensor, Tensor]:
+    """``function`` (a projected loss) on the non-pad states, outside autocast, in chunks of as
+    many positions as make :data:`CHUNK_ELEMENTS` logit entries (``num_passes`` rows of logits a
+    position)."""
+    device = hidden.device.type
+    per_row = num_passes * weight.size(0)
+    rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // per_row)
+    want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    with torch.autocast(device, enabled=False):
+        return function.apply(hidden, weight, labels, *args, rows, want_grad)
 
 
 class _ProjectedLoss(torch.autograd.Function):
@@ -51,10 +101,7 @@ class _ProjectedLoss(torch.autograd.Function):
         want_grad: bool,
     ):
         n, vocab = hidden.size(0), weight.size(0)
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        nll = hidden.new_zeros((), dtype=torch.float32)
-        grad_hidden = torch.empty_like(hidden) if want_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
+        loss, nll, grad_hidden, grad_weight = _sums_and_gradients(hidden, weight, want_grad)
         for start in range(0, n, rows):
             h = hidden[start : start + rows]  # (C, D)
             y = labels[start : start + rows, None]  # (C, 1)
@@ -68,9 +115,7 @@ class _ProjectedLoss(torch.autograd.Function):
                 g = g.to(hidden.dtype)
                 grad_hidden[start : start + rows] = linear(g, weight.t())  # (C, D)
                 grad_weight += g.T @ h  # (V, D), summed over chunks in float32
-        if want_grad:
-            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        ctx.mark_non_differentiable(nll)
+        _keep_for_backward(ctx, grad_hidden, grad_weight, weight, nll)
         return loss, nll
 
     @staticmethod
@@ -115,11 +160,7 @@ def label_smoothed_loss(
     count stays a tensor: reading it would wait for the device.
     """
     hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=0)
-    device = hidden.device.type
-    rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // weight.size(0))
-    want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    with torch.autocast(device, enabled=False):
-        loss, nll = _ProjectedLoss.apply(hidden, weight, labels, epsilon, rows, want_grad)
+    loss, nll = _apply_in_chunks(_ProjectedLoss, hidden, weight, labels, epsilon, num_passes=1)
     return loss, nll, keep.sum()
 
 
@@ -137,10 +178,7 @@ class _ProjectedRDropLoss(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, epsilon: float, alpha: float, rows: int, want_grad):
         n, vocab = hidden.size(1), weight.size(0)
-        loss = hidden.new_zeros((), dtype=torch.float32)
-        nll = hidden.new_zeros((), dtype=torch.float32)
-        grad_hidden = torch.empty_like(hidden) if want_grad else None
-        grad_weight = torch.zeros_like(weight, dtype=torch.float32) if want_grad else None
+        loss, nll, grad_hidden, grad_weight = _sums_and_gradients(hidden, weight, want_grad)
         for start in range(0, n, rows):
             h = hidden[:, start : start + rows]  # (2, C, D)
             y = labels[start : start + rows, None]  # (C, 1)
@@ -162,9 +200,7 @@ class _ProjectedRDropLoss(torch.autograd.Function):
                 g = (0.5 * (p[k] - target) + 0.25 * alpha * kl).to(hidden.dtype)  # (C, V)
                 grad_hidden[k, start : start + rows] = linear(g, weight.t())  # (C, D)
                 grad_weight += g.T @ h[k]  # (V, D)
-        if want_grad:
-            ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype))
-        ctx.mark_non_differentiable(nll)
+        _keep_for_backward(ctx, grad_hidden, grad_weight, weight, nll)
         return loss, nll
 
     @staticmethod
@@ -193,11 +229,7 @@ def rdrop_loss(
     Projected and fused in chunks as :func:`label_smoothed_loss`.
     """
     hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=1)
-    device = hidden.device.type
-    rows = max(1, CHUNK_ELEMENTS.get(device, CHUNK_ELEMENTS["cuda"]) // (2 * weight.size(0)))
-    want_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    with torch.autocast(device, enabled=False):
-        loss, nll = _ProjectedRDropLoss.apply(
-            hidden, weight, labels, epsilon, alpha, rows, want_grad
-        )
+    loss, nll = _apply_in_chunks(
+        _ProjectedRDropLoss, hidden, weight, labels, epsilon, alpha, num_passes=2
+    )
     return loss, nll, keep.sum()

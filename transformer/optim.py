@@ -20,8 +20,11 @@ import torch
 from lightning.pytorch.utilities import GradClipAlgorithmType
 from torch import Tensor, nn
 from torch.distributed.fsdp import FullyShardedDataParallel
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
+
+from transformer.budget import budget_progress, warn_if_epochs_end_first
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -172,7 +175,7 @@ class BudgetLR(LambdaLR):
     scheduler's step, as for :func:`warmup_inverse_sqrt`) and of ``progress()``, the share of
     the training budget used once the next update is made (the Lightning module supplies it
     from ``trainer.max_steps`` and ``trainer.max_time``:
-    :func:`transformer.lit_module.budget_progress`).
+    :func:`transformer.budget.budget_progress`).
     ``progress`` is not part of the state dict: a resumed run gets it from its trainer.
     """
 
@@ -207,13 +210,49 @@ class BudgetLR(LambdaLR):
         return state
 
 
+def takes_progress(scheduler: Callable[..., Any]) -> bool:
+    """Whether a scheduler factory (a partial) follows the training budget: it takes
+    ``progress`` (:class:`BudgetLR`)."""
+    target = getattr(scheduler, "func", scheduler)
+    return "progress" in inspect.signature(target).parameters
+
+
+def configure_optimizers(
+    model: nn.Module,
+    optimizer: Callable[..., Optimizer],
+    scheduler: Callable[..., Any] | None,
+    trainer: L.Trainer,
+) -> Optimizer | dict[str, Any]:
+    """What a LightningModule's ``configure_optimizers`` returns: ``optimizer`` built on
+    ``model`` (:func:`build_optimizer`, its ``weight_decay`` for the decay group) and, with a
+    ``scheduler``, the schedule stepped every optimizer step; a budgeted one (it takes
+    ``progress``, :func:`takes_progress`) follows :func:`transformer.budget.budget_progress` of
+    ``trainer``."""
+    wd = getattr(optimizer, "keywords", {}).get("weight_decay", 0.0)
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    opt = build_optimizer(model, optimizer, wd, sharded_fp16=isinstance(scaler, ShardedGradScaler))
+    if scheduler is None:
+        return opt
+    if takes_progress(scheduler):  # a budgeted schedule: ends with training
+        schedule = scheduler(opt, progress=budget_progress(trainer))
+        warn_if_epochs_end_first(trainer)
+    else:
+        schedule = scheduler(opt)
+    return {
+        "optimizer": opt,
+        "lr_scheduler": {"scheduler": schedule, "interval": "step", "frequency": 1},
+    }
+
+
 __all__ = [
     "SHAPES",
     "BudgetLR",
     "budget_factor",
     "build_optimizer",
     "clip_gradients",
+    "configure_optimizers",
     "inverse_sqrt_factor",
     "param_groups",
+    "takes_progress",
     "warmup_inverse_sqrt",
 ]

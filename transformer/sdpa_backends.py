@@ -89,7 +89,7 @@ def describe(model: Transformer, choice: Choice | None, device: torch.device, dt
     for kind, (attn_mask, causal) in calls.items():
         backends = choice[kind] if choice else None
         if device.type == "cpu" and dtype in (torch.bfloat16, torch.float16):
-            runs = "by hand (bf16/fp16 on CPU: transformer.attention.sdpa)"
+            runs = "by hand (bf16/fp16 on CPU: transformer.attend.sdpa)"
         else:
             with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
                 picked = SDPBackend(torch._fused_sdp_choice(q, q, q, attn_mask, 0.0, causal))

@@ -13,7 +13,7 @@ from lightning.pytorch.loggers import WandbLogger
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 
 import transformer.analysis.maps as maps_module
-import transformer.attention as attention_module
+import transformer.attend as attend
 from tests.tiny import ATTENTION_MAPS_OFF, compose_cfg, compose_eval_cfg, tiny_overrides
 from transformer.analysis import explorer
 from transformer.analysis.stats import STATS
@@ -113,7 +113,7 @@ def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     # The explicit attention path runs only inside the callback's capture, never in training
     # or validation steps.
     inside_capture, explicit_calls = [False], []
-    capture, explicit = maps_module.capture, attention_module.explicit_attention
+    capture, explicit = maps_module.capture, attend.explicit_attention
 
     def tracked_capture(*args, **kwargs):
         inside_capture[0] = True
@@ -127,7 +127,7 @@ def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
         return explicit(*args, **kwargs)
 
     monkeypatch.setattr(maps_module, "capture", tracked_capture)
-    monkeypatch.setattr(attention_module, "explicit_attention", tracked_explicit)
+    monkeypatch.setattr(attend, "explicit_attention", tracked_explicit)
     logged: list[str] = []
     log_metrics = WandbLogger.log_metrics
 

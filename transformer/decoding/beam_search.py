@@ -21,19 +21,15 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
     Models,
     Stepper,
-    as_ensemble,
-    ban_repeated_ngrams,
-    batch_size,
     evaluating,
-    sentence_max_lengths,
     sync_interval,
     use_graphs,
 )
-from transformer.masks import padding_mask
 
 
 @torch.no_grad()
@@ -58,13 +54,9 @@ def beam_search(
     read: this is the beam search. ``model``: one model, or a list of them searched as an
     ensemble (their mean probabilities).
     """
-    models = as_ensemble(model)
-    pad_id = models[0].cfg.pad_id
-    if src_pad_mask is None:
-        src_pad_mask = padding_mask(src, pad_id)
+    models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
+    pad_id, len_penalty = models[0].cfg.pad_id, options.len_penalty
     B, K, device = src.size(0), options.beam_size, src.device
-    min_len, len_penalty = options.min_len, options.len_penalty
-    max_len = sentence_max_lengths(models, src_pad_mask, options, max_lengths)
     L = int(max_len.max()) + 1  # steps, eos included
     every = sync_interval(options, src)
     # Row B takes the hypotheses of the padding sentences of a batch (dropped at the end).
@@ -83,14 +75,11 @@ def beam_search(
         order = torch.arange(2 * K, device=device)
         order_eos = order + 2 * K  # an eos candidate ranks after every other
         first_rows = torch.arange(B, device=device).unsqueeze(1)  # (n, 1) k * its first row
-        never = torch.tensor([pad_id, bos_id], device=device)  # ids never generated
-        too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
+        bans = TokenBans(options, pad_id, bos_id, eos_id, device)
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
-            lprobs = stepper.log_probs(prefixes)  # (n * k, V)
-            lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
-            lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], options.no_repeat_ngram_size)
+            lprobs = bans(stepper.log_probs(prefixes), prefixes, t)  # (n * k, V)
             V = lprobs.size(-1)
             if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
@@ -140,11 +129,9 @@ def beam_search(
             done = fin_scores[:, -1].gt(float("-inf")) | last  # (n,)
             if every > 1:
                 scores.masked_fill_(done.unsqueeze(1), float("-inf"))
-            read = every == 1 or t in (0, L - 1) or (t + 1) % every == 0
-            n_done = int(done.sum()) if read else 0  # the host synchronisation
+            n_done, size = count_done(done, t, L, every)  # read on the host every `every` steps
             if n_done == n:
                 break
-            size = batch_size(n - n_done, every) if read else n
             if size == n:  # the batch keeps its rows
                 if t > 0 and K > 1:  # (one beam: the rows stay as they are)
                     stepper.reorder(rows.view(-1))
@@ -155,9 +142,7 @@ def beam_search(
             out_scores[sentence[finished]] = fin_scores[finished]
             out_tokens[sentence[finished]] = fin_tokens[finished]
             n_live = n - n_done
-            keep = (~done).nonzero_static(size=n_live).squeeze(1)  # (n_live,)
-            if size > n_live:  # padding sentences, copies of the first
-                keep = torch.cat([keep, keep[:1].expand(size - n_live)])  # (size,)
+            keep = live_rows(done, n_live, size)  # (size,) padding sentences: copies of the first
             stepper.reorder(rows[keep].view(-1), sentences=keep)
             sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]

@@ -17,19 +17,15 @@ import torch
 from torch import Tensor
 
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
     Models,
     Stepper,
-    as_ensemble,
-    ban_repeated_ngrams,
-    batch_size,
     evaluating,
-    sentence_max_lengths,
     sync_interval,
     use_graphs,
 )
-from transformer.masks import padding_mask
 
 # (lprobs (n, V), the rows' indices in the batch (n,), tokens generated so far) -> (n,) ids; a
 # batch of B rows may hold padding rows, index B, whose tokens are ignored
@@ -82,11 +78,8 @@ def decode_rows(
     """One hypothesis per row of ``src`` (B, S), its tokens chosen one a step by ``choose`` from
     the step's log-probabilities (banned ids at -inf); score: their log-probability, eos
     included, / length ** ``options.len_penalty``."""
-    models = as_ensemble(model)
-    pad_id, min_len = models[0].cfg.pad_id, options.min_len
-    if src_pad_mask is None:
-        src_pad_mask = padding_mask(src, pad_id)
-    max_len = sentence_max_lengths(models, src_pad_mask, options, max_lengths)
+    models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
+    pad_id = models[0].cfg.pad_id
     B, steps = src.size(0), int(max_len.max()) + 1
     every, device = sync_interval(options, src), src.device
     out = torch.full((B + 1, steps), pad_id, device=device)  # row B: padding rows' tokens
@@ -95,13 +88,10 @@ def decode_rows(
         stepper = Stepper(models, src, src_pad_mask, use_cache, steps, use_graphs(options, device))
         sentence = torch.arange(B, device=device)  # (n,) the unfinished ones' rows in `out`
         prefixes = torch.full((B, 1), bos_id, device=device)  # (n, t + 1)
-        never = torch.tensor([pad_id, bos_id], device=device)  # ids never generated
-        too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
+        bans = TokenBans(options, pad_id, bos_id, eos_id, device)
         ended = torch.zeros(B, dtype=torch.bool, device=device)  # (n,) past eos (sync_every > 1)
         for t in range(steps):  # t tokens generated so far
-            lprobs = stepper.log_probs(prefixes)  # (n, V)
-            lprobs.index_fill_(1, too_soon if t < min_len else never, float("-inf"))
-            lprobs = ban_repeated_ngrams(lprobs, prefixes[:, 1:], options.no_repeat_ngram_size)
+            lprobs = bans(stepper.log_probs(prefixes), prefixes, t)  # (n, V)
             token = choose(lprobs, sentence, t).masked_fill(t >= max_len, eos_id)  # (n,)
             gain = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (n,)
             if every > 1:  # a row past its eos waits for the next read, adding nothing
@@ -110,17 +100,13 @@ def decode_rows(
             total[sentence] += gain
             prefixes = torch.cat([prefixes, token.unsqueeze(1)], dim=1)
             ended = ended | token.eq(eos_id) if every > 1 else token.eq(eos_id)
-            read = every == 1 or t in (0, steps - 1) or (t + 1) % every == 0
             n = token.size(0)
-            n_done = int(ended.sum()) if read else 0  # the host synchronisation
+            n_done, size = count_done(ended, t, steps, every)  # read every `every` steps
             if n_done == n:
                 break
-            size = batch_size(n - n_done, every) if read else n
             if size != n:  # finished rows leave the batch, the others fill one of `size` rows
                 n_live = n - n_done
-                keep = ended.logical_not().nonzero_static(size=n_live).squeeze(1)  # (n_live,)
-                if size > n_live:  # padding rows, copies of the first
-                    keep = torch.cat([keep, keep[:1].expand(size - n_live)])  # (size,)
+                keep = live_rows(ended, n_live, size)  # (size,) padding rows: copies of the first
                 stepper.reorder(keep)
                 sentence, prefixes, max_len = sentence[keep], prefixes[keep], max_len[keep]
                 ended = ended[keep]

@@ -126,3 +126,13 @@ class DecodeOptions:
             if key not in known:
                 raise ConfigError(f"unknown option {prefix}.{key}; known: {', '.join(known)}")
         return cls(**options, prefix=prefix, strategies=strategies)
+
+
+def validation_decoding(options: Mapping[str, Any] | None) -> DecodeOptions:
+    """The ``validation.decoding`` options (greedy unless they say otherwise), checked; messages
+    name them ``validation.decoding.*``. ``train`` checks them here before any data work."""
+    return DecodeOptions.from_dict(
+        {"strategy": "greedy", **(options or {})},
+        prefix="validation.decoding",
+        strategies=("greedy", "beam"),
+    )
