@@ -1,4 +1,5 @@
-"""The README's Python examples run as written."""
+"""The README's and the documentation's Python examples run as written, and every name, file and
+test they cite exists."""
 
 import importlib
 import re
@@ -6,15 +7,22 @@ from pathlib import Path
 
 import pytest
 
-README = Path(__file__).resolve().parents[1] / "README.md"
-BLOCKS = re.findall(r"```python\n(.*?)```", README.read_text(), flags=re.S)
+ROOT = Path(__file__).resolve().parents[1]
+README = ROOT / "README.md"
+PAGES = [README, *sorted((ROOT / "docs").rglob("*.md"))]
+BLOCKS = [
+    (page, block)
+    for page in PAGES
+    for block in re.findall(r"```python\n(.*?)```", page.read_text(), flags=re.S)
+]
 
 
-def test_readme_names_only_code_that_exists() -> None:
-    """Every ``transformer.*`` name, project file and test the README cites exists: renames and
-    removals cannot leave it pointing at nothing. (Its Python blocks run below.)"""
-    text = README.read_text()
-    root = README.parent
+@pytest.mark.parametrize("page", PAGES, ids=[str(p.relative_to(ROOT)) for p in PAGES])
+def test_readme_names_only_code_that_exists(page: Path) -> None:
+    """Every ``transformer.*`` name, project file and test the README (or a docs/ page) cites
+    exists: renames and removals cannot leave it pointing at nothing. (Its Python blocks run
+    below.)"""
+    text = page.read_text()
     missing = []
     for name in set(re.findall(r"`(transformer(?:\.\w+)+)", text)):
         parts = name.split(".")
@@ -28,13 +36,21 @@ def test_readme_names_only_code_that_exists() -> None:
             missing += [name] if obj is None else []
             break
     files = r"`((?:transformer|bench|dev|tests|configs|docs)/[\w/.-]+\.(?:py|yaml|sh|md))"
-    missing += [path for path in set(re.findall(files, text)) if not (root / path).exists()]
-    defined = "".join(p.read_text() for p in (root / "tests").rglob("test_*.py"))
+    missing += [path for path in set(re.findall(files, text)) if not (ROOT / path).exists()]
+    defined = "".join(p.read_text() for p in (ROOT / "tests").rglob("test_*.py"))
     cited = set(re.findall(r"`(?:tests/[\w/]+\.py::)?(test_[a-z]\w*)`", text))
     missing += [t for t in cited if f"def {t}(" not in defined]
-    assert BLOCKS and not missing, sorted(missing)
+    assert not missing, sorted(missing)
 
 
-@pytest.mark.parametrize("block", BLOCKS, ids=[f"block{i}" for i in range(len(BLOCKS))])
-def test_readme_python_block_runs(block: str) -> None:
-    exec(compile(block, str(README), "exec"), {})
+def test_readme_has_python_blocks() -> None:
+    assert re.search(r"```python\n", README.read_text())
+
+
+@pytest.mark.parametrize(
+    "page, block",
+    BLOCKS,
+    ids=[f"{p.relative_to(ROOT)}-block{i}" for i, (p, _) in enumerate(BLOCKS)],
+)
+def test_readme_python_block_runs(page: Path, block: str) -> None:
+    exec(compile(block, str(page), "exec"), {})
