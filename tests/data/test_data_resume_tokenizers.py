@@ -13,6 +13,7 @@ import torch
 from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, trained_elsewhere, write_lines
 from transformer.checkpoints import read_tokenizer_models
 from transformer.data import datamodule as dm_module
+from transformer.data import prepare
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError
 
@@ -62,7 +63,7 @@ def test_given_tokenizers_are_used_as_they_are(
     retrained = build(**dict(kwargs, cache_dir=str(tmp_path / "cache-retrained")))
     assert token_ids(retrained, "val") != token_ids(first, "val")  # what resuming must not do
 
-    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    monkeypatch.setattr(prepare, "train_tokenizer", no_training)
     with caplog.at_level(logging.INFO, logger=dm_module.__name__):
         resumed = build(models(first), **dict(kwargs, cache_dir=str(tmp_path / "cache-resumed")))
     assert "using the tokenizers of checkpoint last.ckpt" in caplog.text
@@ -90,7 +91,7 @@ def test_token_ids_are_cached_per_tokenizer_content(corpus_dir, dm_kwargs, monke
     first = build(root=str(corpus_dir), **dm_kwargs)
     calls = []
     monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts: calls.append(texts))
-    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    monkeypatch.setattr(prepare, "train_tokenizer", no_training)
     given = models(first) if where == "here" else tuple(map(trained_elsewhere, models(first)))
     resumed = build(given, root=str(corpus_dir), **dm_kwargs)
     assert calls == []
