@@ -20,6 +20,7 @@ from transformer.data.prepare import CorpusTexts, check_batching, prepare, token
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.token_cache import ConcatSplit, TokenizedSplit
 from transformer.data.tokenizer import PAD_ID, SPM_TRAIN_SENTENCES, Tokenizer
+from transformer.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)
 
@@ -41,9 +42,7 @@ class TranslationDataModule(L.LightningDataModule):
     ``use_distributed_sampler=False``: the batch sampler shards by itself. With several corpora,
     training samples them by their weights, and validation and test run per direction
     (:attr:`directions`; the stage aliases ``val``/``test`` then take a ``direction``, the first
-    by default). ``eval_max_tokens`` (training's ``validation.max_tokens``) is the token budget
-    of validation and test batches, ``max_tokens`` when None: larger ones keep a GPU busy while
-    validation decodes.
+    by default).
     """
 
     def __init__(
@@ -88,7 +87,9 @@ class TranslationDataModule(L.LightningDataModule):
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.vocab_size, self.joint_vocab = vocab_size, joint_vocab
         self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
-        self.eval_max_tokens = eval_max_tokens or max_tokens  # validation and test batches
+        # Validation and test batches (training's validation.max_tokens): larger ones keep a GPU
+        # busy while validation decodes.
+        self.eval_max_tokens = eval_max_tokens or max_tokens
         self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
         self.num_buckets, self.cache_dir = num_buckets, Path(cache_dir)
         # Built now (reading nothing), so that their checks of the options run before data work.
@@ -137,20 +138,16 @@ class TranslationDataModule(L.LightningDataModule):
     def use_tokenizers(self, src: bytes, tgt: bytes, checkpoint: str | os.PathLike) -> None:
         """Use the SentencePiece models ``checkpoint`` was trained with (``src``, ``tgt``: their
         bytes, equal for a joint vocabulary) instead of training them; call before
-        ``prepare_data``/``setup``.
-
-        A model trained again (on another machine, or on files changed or copied since) can map
-        the model's ids to other pieces: a resumed run must use the checkpoint's. Their sizes
-        must be ``vocab_size``.
-        """
+        ``prepare_data``/``setup``. A model trained again (on another machine, or on files
+        changed or copied since) can map the model's ids to other pieces: a resumed run must use
+        the checkpoint's. Their sizes must be ``vocab_size``."""
         if self._splits:
             raise RuntimeError("use_tokenizers() must come before prepare_data() and setup()")
         self._checkpoint_tokenizers = self.tokenizer_files.from_checkpoint(src, tgt, checkpoint)
         log.info("using the tokenizers of checkpoint %s, not training SentencePiece", checkpoint)
 
     def _build(self) -> None:
-        """:func:`transformer.data.prepare.prepare`: tokenizers and token ids, built where
-        missing, loaded."""
+        """Tokenizers and token ids, built where missing, loaded (:func:`prepare`)."""
         done = prepare(
             self.texts, self.tokenizer_files, self.cache_dir, self.max_len,
             self._checkpoint_tokenizers,
@@ -186,20 +183,6 @@ class TranslationDataModule(L.LightningDataModule):
             split = self.split(name, direction)
             split.check_fits(where, max_positions, self.max_tokens, self.pad_to_multiple)
 
-    def _sampler(
-        self,
-        data: TokenizedSplit | ConcatSplit,
-        shuffle: bool,
-        max_tokens: int | None,
-        weights: list[tuple[int, float]] | None = None,
-        buckets: Buckets | None = None,
-    ) -> TokenBudgetBatchSampler:
-        return TokenBudgetBatchSampler(
-            *padded_sizes(data.src_lens, data.tgt_lens), max_tokens=max_tokens,
-            batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
-            pad_to_multiple=self.pad_to_multiple, weights=weights, buckets=buckets,
-        )  # fmt: skip
-
     def train_buckets(self) -> Buckets | None:
         """The shapes training batches are padded to (``num_buckets`` of them, at quantiles of
         the training pairs' lengths), or None (``num_buckets=0``)."""
@@ -214,9 +197,16 @@ class TranslationDataModule(L.LightningDataModule):
     def _loader(
         self,
         data: TokenizedSplit | ConcatSplit,
-        sampler: TokenBudgetBatchSampler,
+        max_tokens: int | None,
+        shuffle: bool = False,
+        weights: list[tuple[int, float]] | None = None,
         buckets: Buckets | None = None,
     ) -> DataLoader:
+        sampler = TokenBudgetBatchSampler(
+            *padded_sizes(data.src_lens, data.tgt_lens), max_tokens=max_tokens,
+            batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
+            pad_to_multiple=self.pad_to_multiple, weights=weights, buckets=buckets,
+        )  # fmt: skip
         # Each iterator draws its workers' seed from ``generator``: without one it would draw from
         # torch's global stream, which dropout uses, so a validation loader started after a
         # checkpoint saved that stream would shift a resumed run's dropout.
@@ -240,21 +230,17 @@ class TranslationDataModule(L.LightningDataModule):
         if buckets is not None:
             shapes = len(buckets.lengths)
             log.info("training batches padded to %d shapes (rows x length): %s", shapes, buckets)
-        train = self.split("train")
-        self._train_sampler = self._sampler(
-            train, shuffle=True, max_tokens=self.max_tokens, weights=weights, buckets=buckets
-        )
+        loader = self._loader(self.split("train"), self.max_tokens, True, weights, buckets)
+        self._train_sampler = loader.batch_sampler
         if self._sampler_state is not None:
             self._train_sampler.load_state_dict(self._sampler_state)
             self._sampler_state = None
-        return self._loader(train, self._train_sampler, buckets)
+        return loader
 
     def _eval_loaders(self, name: str) -> DataLoader | list[DataLoader]:
         """One loader per direction (one direction: the loader itself), in :attr:`directions`'
         order."""
-        splits = [self.split(name, d) for d in self.directions]
-        budget = self.eval_max_tokens
-        loaders = [self._loader(x, self._sampler(x, False, budget)) for x in splits]
+        loaders = [self._loader(self.split(name, d), self.eval_max_tokens) for d in self.directions]
         return loaders[0] if len(loaders) == 1 else loaders
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:
@@ -266,13 +252,10 @@ class TranslationDataModule(L.LightningDataModule):
     # -- checkpointing -----------------------------------------------------------------------
 
     def state_dict(self) -> dict[str, Any]:
-        """The train sampler's epoch, position and seed.
-
-        During fitting (checkpoints saved after a training batch or after validation) the position
-        is the number of batches the trainer has finished in the current epoch, not the sampler's
-        own count, which runs ahead by the batches that DataLoader workers and Lightning have
-        prefetched.
-        """
+        """The train sampler's epoch, position and seed. During fitting (checkpoints saved after
+        a training batch or after validation) the position is the number of batches the trainer
+        has finished in the current epoch, not the sampler's own count, which runs ahead by the
+        batches that DataLoader workers and Lightning have prefetched."""
         if self._train_sampler is None:
             return {"train_sampler": self._sampler_state} if self._sampler_state else {}
         state = self._train_sampler.state_dict()
@@ -296,3 +279,19 @@ class TranslationDataModule(L.LightningDataModule):
             f"{type(self).__name__}({self.source_name}, {self.src_lang}->{self.tgt_lang}, "
             f"vocab={self.vocab_size}, root={os.fspath(self.root) if self.root else None})"
         )
+
+
+def checkpoint_texts(
+    ckpt: Mapping[str, Any], given: Mapping[str, Any], missing: UserError, invalid: str
+) -> CorpusTexts:
+    """The texts of a checkpoint's corpus (evaluation, pruning): its data settings, ``given`` ones
+    (e.g. ``root``) in their place, checked as training checks them; nothing read yet. ``missing``
+    is raised where it records none and ``given`` names no ``source``; an invalid option is a
+    :class:`ConfigError`: ``invalid``, then the data module's message."""
+    settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    if not settings and "source" not in given:
+        raise missing
+    try:
+        return TranslationDataModule(**{**settings, **given}).texts
+    except ValueError as err:
+        raise ConfigError(f"{invalid}: {err}") from err
