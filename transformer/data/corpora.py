@@ -19,12 +19,14 @@ others (back-translated, distilled) are training data only.
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transformer.data.sources import DEFAULT_SPLITS, CorpusSource, make_source
+from transformer.data.hf_source import HFSource
+from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
 from transformer.errors import DataError
 
 # What an entry of data.corpora may set for itself; missing keys come from data.*.
@@ -34,6 +36,31 @@ CORPUS_KEYS = (
 )  # fmt: skip
 ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
+
+
+DEFAULT_SPLITS = {  # data.source -> its (train, val, test) split names
+    "multi30k": ("train", "val", "test_2016_flickr"),
+    "hf": ("train", "validation", "test"),
+    "local": ("train", "val", "test"),
+}
+
+
+def make_source(
+    name: str,
+    root: str | os.PathLike | None,
+    src_lang: str,
+    tgt_lang: str,
+    download: bool = True,
+    hf_name: str | None = None,
+    hf_config: str | None = None,
+    hf_path: str | os.PathLike | None = None,
+) -> CorpusSource:
+    """The source that ``data.source=name`` reads; it checks its options and reads nothing."""
+    if name == "multi30k":
+        return Multi30kSource(root, src_lang, tgt_lang, download=download)
+    if name == "local":
+        return LocalSource(root, src_lang, tgt_lang)
+    return HFSource(src_lang, tgt_lang, hf_name, hf_config, hf_path)
 
 
 def target_token(lang: str) -> str:
