@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, trained_elsewhere, write_lines
-from transformer.checkpoints import read_tokenizer_models
+from transformer.checkpoints import _torch_load, stored_tokenizer_models
 from transformer.data import datamodule as dm_module
 from transformer.data import prepare
 from transformer.data.tokenizer import Tokenizer
@@ -118,21 +118,25 @@ def test_given_tokenizers_must_fit_the_config(corpus_dir, dm_kwargs, tmp_path):
         joint.use_tokenizers(*models(first), checkpoint="last.ckpt")
 
 
-def test_read_tokenizer_models(tmp_path):
+def test_stored_tokenizer_models(tmp_path):
     stored = {
         side: {"name": f"{side}.model", "model": side.encode() * 3} for side in ("src", "tgt")
     }
     path = tmp_path / "last.ckpt"
+
+    def read(path):
+        return stored_tokenizer_models(_torch_load(path, mmap=True), path)
+
     torch.save({"state_dict": {"model.w": torch.zeros(4, 4)}, "tokenizers": stored}, path)
-    assert read_tokenizer_models(path) == {"src": b"srcsrcsrc", "tgt": b"tgttgttgt"}
+    assert read(path) == {"src": b"srcsrcsrc", "tgt": b"tgttgttgt"}
 
     torch.save({"state_dict": {"model.w": torch.zeros(4, 4)}}, path)
-    assert read_tokenizer_models(path) is None
+    assert read(path) is None
     torch.save({"tokenizers": {"src": stored["src"]}}, path)
     with pytest.raises(CheckpointError, match=r"last.ckpt: its tokenizers entry holds no src and"):
-        read_tokenizer_models(path)
+        read(path)
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=r"checkpoint .*last.ckpt cannot be read"):
-        read_tokenizer_models(path)
+        read(path)
     with pytest.raises(CheckpointError, match=r"checkpoint .*none.ckpt does not exist"):
-        read_tokenizer_models(tmp_path / "none.ckpt")
+        read(tmp_path / "none.ckpt")
