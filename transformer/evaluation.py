@@ -29,8 +29,8 @@ from transformer.checkpoints import (
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
+from transformer.data.corpora import CorpusTexts
 from transformer.data.datamodule import checkpoint_texts
-from transformer.data.prepare import CorpusTexts
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError
@@ -241,23 +241,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         result = translate_file(cfg, translator, options, max_tokens, out_dir)
         return {**result, "decode": decode_settings, "checkpoints": paths}
     corpus = texts()
-    split = corpus.split_name(cfg.split, cfg.direction)  # the name, for metrics.json
-    sources = corpus.sources(cfg.split, cfg.direction)
-    references = corpus.references(cfg.split, cfg.direction)
     if analysis is not None:
+        split = corpus.pairs(cfg.split, cfg.direction)
         return run_analysis(
-            analysis, translator, sources, references, cfg.analysis_options, out_dir
+            analysis, translator, split.src, split.tgt, cfg.analysis_options, out_dir
         )
-    start = time.perf_counter()
-    translated = translator.translate(sources, options, max_tokens)
-    hypotheses = [t[0].text for t in translated]  # on the host: done
-    seconds = time.perf_counter() - start
-    metrics = {
-        **score_translations(hypotheses, references).to_dict(),
-        "split": split,
-        "direction": cfg.direction or corpus.directions[0],
+    run = {  # how the translations were made, for metrics.json
         "decode": decode_settings,
-        "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
         "engine": engine,
         "device": str(device),
         "dtype": translator.compute_type if engine == "ctranslate2" else _name(dtype),
@@ -266,6 +256,31 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         else decoding_backend(options, device, dtype),
         "checkpoints": paths,
         "ensemble": cfg.ensemble,
+    }
+    return _score_split(cfg, translator, corpus, options, max_tokens, out_dir, run)
+
+
+def _score_split(
+    cfg: DictConfig,
+    translator: Translator | CT2Translator,
+    corpus: CorpusTexts,
+    options: DecodeOptions,
+    max_tokens: int,
+    out_dir: Path,
+    run: dict[str, Any],
+) -> dict[str, Any]:
+    """The split's translations (hypotheses.txt) and their scores, with ``run`` (metrics.json)."""
+    pairs = corpus.pairs(cfg.split, cfg.direction)
+    start = time.perf_counter()
+    translated = translator.translate(pairs.src, options, max_tokens)
+    hypotheses = [t[0].text for t in translated]  # on the host: done
+    seconds = time.perf_counter() - start
+    metrics = {
+        **score_translations(hypotheses, pairs.tgt).to_dict(),
+        "split": corpus.split_name(cfg.split, cfg.direction),  # the name
+        "direction": cfg.direction or corpus.directions[0],
+        "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
+        **run,
     }
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")

@@ -15,7 +15,7 @@ from typing import Any
 
 from omegaconf import DictConfig
 
-from transformer.data.prepare import CorpusTexts
+from transformer.data.corpora import CorpusTexts
 from transformer.data.text_files import count_lines, iter_line_blocks, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
@@ -138,9 +138,8 @@ def score_pairs(
         source = str(cfg.input)
         chunks = ((first, _pairs(chunk, first, source)) for first, chunk in lines)
     else:
-        corpus = texts()
-        sources = corpus.sources(cfg.split, cfg.direction)
-        pairs = list(zip(sources, corpus.references(cfg.split, cfg.direction), strict=True))
+        split = texts().pairs(cfg.split, cfg.direction)
+        pairs = list(zip(split.src, split.tgt, strict=True))
         step, total = cfg.input_chunk, len(pairs)
         path, done = _output(cfg, out_dir, "scores.txt", 1, lambda: total, f"split={cfg.split}")
         chunks = ((i, pairs[i : i + step]) for i in range(done, total, step))

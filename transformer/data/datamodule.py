@@ -15,8 +15,8 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch.utils.data import DataLoader
 
 from transformer.data.collate import Buckets, Collator, padded_sizes
-from transformer.data.corpora import Corpus, make_corpora
-from transformer.data.prepare import CorpusTexts, check_batching, prepare, tokenizer_files
+from transformer.data.corpora import Corpus, CorpusTexts, make_corpora
+from transformer.data.prepare import check_batching, prepare, tokenizer_files
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.token_cache import ConcatSplit, TokenizedSplit
 from transformer.data.tokenizer import PAD_ID, SPM_TRAIN_SENTENCES, Tokenizer

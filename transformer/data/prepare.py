@@ -1,5 +1,5 @@
-"""Data preparation without Lightning: a run's corpora and their texts (:class:`CorpusTexts`), and
-:func:`prepare`, which trains the SentencePiece model(s) and builds the token-id caches that
+"""Data preparation without Lightning: :func:`prepare` trains the SentencePiece model(s) on a
+run's corpora (:class:`transformer.data.corpora.CorpusTexts`) and builds the token-id caches that
 :class:`transformer.data.datamodule.TranslationDataModule` serves batches from.
 
 Caches, under ``cache_dir``: ``spm/<corpus>.<langs>.<type><vocab>.<hash>.model`` (the hash covers
@@ -23,8 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.atomic import sweep_temporaries
-from transformer.data.corpora import Corpus, prefix_tokens, special_tokens, validated
-from transformer.data.text_files import ParallelText, checked
+from transformer.data.corpora import Corpus, CorpusTexts, Key, special_tokens
 from transformer.data.token_cache import (
     CACHE_FORMAT,
     DamagedCache,
@@ -34,11 +33,9 @@ from transformer.data.token_cache import (
 )
 from transformer.data.tokenizer import SentenceSample, Tokenizer, train_tokenizer
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
-from transformer.errors import DataError, Interrupted
+from transformer.errors import Interrupted
 
 log = logging.getLogger(__name__)
-
-Key = tuple[int, str]  # (corpus index, split name)
 
 
 @contextlib.contextmanager
@@ -113,85 +110,6 @@ def tokenizer_files(
         "-".join(tgt_langs), vocab_size, model_type, joint, train_sentences,
         special_tokens(corpora, target_token),
     )  # fmt: skip
-
-
-class CorpusTexts:
-    """The corpora of a run (:mod:`transformer.data.corpora`): their directions, the splits each
-    one has, and their texts. A validation or test split is read whole once and kept (BLEU's
-    references; small), a training split only ever streamed (:meth:`chunks`)."""
-
-    def __init__(self, corpora: list[Corpus], target_token: bool = False) -> None:
-        self.corpora, self.target_token = corpora, target_token
-        self.validated = validated(corpora)  # direction -> its corpus for val and test
-        self.directions = list(self.validated)
-        self._texts: dict[Key, ParallelText] = {}
-
-    def corpus(self, direction: str | None) -> int:
-        """The corpus that validates ``direction`` (None: the first direction)."""
-        if direction is None:
-            return 0
-        if direction not in self.validated:
-            raise DataError(
-                f"no corpus translates {direction}; the directions are {self.directions}"
-            )
-        return self.validated[direction]
-
-    def splits_of(self, c: int) -> list[str]:
-        """Corpus ``c``'s splits: its training split, and if it validates its direction its val
-        and test splits."""
-        corpus = self.corpora[c]
-        if self.validated[corpus.direction] != c:
-            return [corpus.splits["train"]]
-        return list(dict.fromkeys(corpus.splits.values()))
-
-    def trains(self) -> list[Key]:
-        """Each corpus's training split."""
-        return [(c, corpus.splits["train"]) for c, corpus in enumerate(self.corpora)]
-
-    def split_name(self, name: str, direction: str | None = None) -> str:
-        """The split a stage alias (``train``/``val``/``test``) names in ``direction``'s corpus;
-        any other name as it is."""
-        return self.corpora[self.corpus(direction)].splits.get(name, name)
-
-    def source_prefix(self, direction: str | None = None) -> tuple[str, ...]:
-        """The tokens before each source sentence translated in ``direction``: its target token
-        with ``target_token``, else none (``Tokenizer.with_prefix`` puts them there)."""
-        corpus = self.corpora[self.corpus(direction)]
-        return prefix_tokens(corpus, self.target_token, training=False)
-
-    def prefix(self, c: int, split: str) -> tuple[str, ...]:
-        """The tokens before each source sentence of corpus ``c``'s ``split`` (training: its tag
-        too)."""
-        corpus = self.corpora[c]
-        return prefix_tokens(corpus, self.target_token, training=split == corpus.splits["train"])
-
-    def tag(self, c: int) -> str:
-        return self.corpora[c].source.tag
-
-    def read(self, split: str, c: int = 0) -> ParallelText:
-        """A split's pairs, all of them, checked (and kept)."""
-        if (c, split) not in self._texts:
-            origin = self.corpora[c].source.origin(split)
-            self._texts[c, split] = ParallelText.join(self.chunks(split, c), origin)
-        return self._texts[c, split]
-
-    def chunks(self, split: str, c: int = 0) -> Iterator[ParallelText]:
-        """A split's pairs as the source streams them, checked on the way."""
-        if (c, split) in self._texts:
-            return iter([self._texts[c, split]])
-        source = self.corpora[c].source
-        langs = source.src_lang, source.tgt_lang
-        return checked(source.read_chunks(split), split, langs, source.origin(split))
-
-    def references(self, split: str, direction: str | None = None) -> list[str]:
-        """Target-side texts of a split of ``direction``, in corpus order (index =
-        ``Batch.ids``)."""
-        return self.read(self.split_name(split, direction), self.corpus(direction)).tgt
-
-    def sources(self, split: str, direction: str | None = None) -> list[str]:
-        """Source-side texts of a split of ``direction``, in corpus order (index = ``Batch.ids``),
-        as the files have them (without :meth:`source_prefix`)."""
-        return self.read(self.split_name(split, direction), self.corpus(direction)).src
 
 
 @dataclass(frozen=True)
