@@ -90,6 +90,7 @@ def measure(
 ) -> dict:
     """One process: build (or load) the data module, then draw ``batches`` training batches."""
     from transformer.data import datamodule as dm_module
+    from transformer.data import prepare
 
     times: dict[str, float] = {}
 
@@ -103,8 +104,8 @@ def measure(
 
         return run
 
-    dm_module.train_tokenizer = timed("spm_train", dm_module.train_tokenizer)
-    dm_module.build_split = timed("tokenize_and_save", dm_module.build_split)
+    prepare.train_tokenizer = timed("spm_train", prepare.train_tokenizer)
+    prepare.build_split = timed("tokenize_and_save", prepare.build_split)
     start = time.perf_counter()
     dm = dm_module.TranslationDataModule(
         source="local", root=root, vocab_size=vocab, max_tokens=8192, max_len=256,

@@ -21,8 +21,9 @@ import torch
 from transformer.analysis.heads import set_pruned
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
-from transformer.data.datamodule import TranslationDataModule
+from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
+from transformer.errors import CheckpointError
 from transformer.metrics import score_translations
 from transformer.prune import checkpoint_scores, least_important
 from transformer.surgery import prune_model
@@ -58,10 +59,12 @@ def main() -> None:
 
     ckpt = load_checkpoint(args.ckpt)
     scores = checkpoint_scores(ckpt, args.ckpt, args.by, args.split, args.sentences, args.data_root)
-    settings = dict(ckpt["datamodule_hyper_parameters"])
-    if args.data_root:
-        settings["root"] = args.data_root
-    data = TranslationDataModule(**settings)
+    data = checkpoint_texts(
+        ckpt,
+        {"root": args.data_root} if args.data_root else {},
+        CheckpointError(f"{args.ckpt} records no data settings"),
+        f"{args.ckpt}: its data settings are unusable here",
+    )
     split = data.split_name(args.test_split)  # the name, for the report
     sources = data.sources(args.test_split)[: args.test_sentences]
     references = data.references(args.test_split)[: args.test_sentences]

@@ -1050,7 +1050,7 @@ def test_a_damaged_token_cache_is_built_again(corpus, tmp_path, caplog):
     damaged = bytearray(files[val_split])
     damaged[200:600] = b"\xff" * 400  # the list offsets: negative, out of order
     val_split.write_bytes(bytes(damaged))
-    with caplog.at_level(logging.WARNING, logger="transformer.data.datamodule"):
+    with caplog.at_level(logging.WARNING, logger="transformer.data.prepare"):
         train(compose_cfg(overrides, tmp_path / "b"))
     for split in (train_split, val_split):
         assert f"the token cache {split} is damaged" in caplog.text

@@ -22,7 +22,7 @@ from hydra.utils import instantiate
 from lightning.pytorch.callbacks import Timer
 from omegaconf import OmegaConf
 
-import transformer.data.datamodule
+import transformer.data.prepare
 import transformer.translate
 from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, tiny_overrides
 from transformer import Transformer, TransformerConfig
@@ -568,7 +568,7 @@ def test_resume_elsewhere_uses_the_checkpoints_tokenizers(corpus, tmp_path, monk
     def no_training(*args, **kwargs):
         raise AssertionError("SentencePiece was trained again on resume")
 
-    monkeypatch.setattr(transformer.data.datamodule, "train_tokenizer", no_training)
+    monkeypatch.setattr(transformer.data.prepare, "train_tokenizer", no_training)
     moved = [f"data.root={elsewhere}", f"data.cache_dir={elsewhere / 'cache'}"]
     resumed = tmp_path / "resumed"
     metrics = train(compose_cfg([*common, *moved, "trainer.max_steps=4", f"ckpt_path={ckpt}"],

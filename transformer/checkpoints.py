@@ -24,7 +24,8 @@ import torch
 
 from transformer.atomic import atomic_save
 from transformer.config import TransformerConfig
-from transformer.data.tokenizer import Tokenizer, model_digest
+from transformer.data.spm_model import model_digest
+from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError, UserError
 from transformer.model import Transformer
 from transformer.outputs import check_output_file
@@ -172,25 +173,17 @@ def tokenizer_digests(ckpt: dict[str, Any], path: str | os.PathLike) -> dict[str
     return digests
 
 
-def read_tokenizer_models(path: str | os.PathLike) -> dict[str, bytes] | None:
-    """The SentencePiece models a checkpoint carries, ``{"src": bytes, "tgt": bytes}``, or None
-    for one without them; the weights are memory-mapped, not read."""
-    path = Path(path)
-    ckpt = _torch_load(path, mmap=True)
-    if not isinstance(ckpt, dict) or ckpt.get("tokenizers") is None:
+def stored_tokenizer_models(
+    ckpt: dict[str, Any], path: str | os.PathLike
+) -> dict[str, bytes] | None:
+    """The SentencePiece models a loaded checkpoint carries, ``{"src": bytes, "tgt": bytes}``, or
+    None for one without them."""
+    if ckpt.get("tokenizers") is None:
         return None
     models = tokenizer_models(ckpt)
     if not all(isinstance(m, bytes) for m in models.values()):
         raise CheckpointError(f"{path}: its tokenizers entry holds no src and tgt model bytes")
     return models
-
-
-def read_model_config(path: str | os.PathLike) -> dict[str, Any] | None:
-    """The model config a checkpoint records (``hyper_parameters.model``), or None; the weights
-    are memory-mapped, not read."""
-    ckpt = _torch_load(Path(path), mmap=True)
-    model = ckpt.get("hyper_parameters", {}).get("model") if isinstance(ckpt, dict) else None
-    return model if isinstance(model, dict) else None
 
 
 def tokenizers_from_checkpoint(

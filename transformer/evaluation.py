@@ -12,10 +12,8 @@ from __future__ import annotations
 import glob
 import json
 import logging
-import os
 import time
-from collections.abc import Callable
-from functools import partial
+from functools import cache, partial
 from pathlib import Path
 from typing import Any
 
@@ -31,17 +29,15 @@ from transformer.checkpoints import (
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
-from transformer.data.datamodule import TranslationDataModule
-from transformer.data.text_files import count_lines, iter_line_blocks, read_line_chunks
+from transformer.data.corpora import CorpusTexts
+from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
-from transformer.decoding.scoring import sentence_score
 from transformer.decoding.step import backend, use_graphs
-from transformer.errors import CheckpointError, ConfigError, DataError
+from transformer.errors import CheckpointError, ConfigError
+from transformer.evaluation_files import check_outputs, score_pairs, translate_file
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
-from transformer.outputs import same_file
-from transformer.streaming import append_chunks, whole_items
-from transformer.translate import Translator, output_lines
+from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
 
@@ -130,20 +126,6 @@ def _torch_translator(
     return Translator(models, src_tok, tgt_tok), ckpts[0], paths
 
 
-def _datamodule(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> TranslationDataModule:
-    settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
-    given = {k: v for k, v in OmegaConf.to_container(overrides).items() if v is not None}
-    if not settings and "source" not in given:
-        raise ConfigError(
-            f"{path} records no data settings; name the corpus, e.g. data.source=multi30k "
-            "data.root=DIR data.src_lang=en data.tgt_lang=de"
-        )
-    try:
-        return TranslationDataModule(**{**settings, **given})
-    except ValueError as err:  # as training.build_datamodule reports the module's own check
-        raise ConfigError(f"invalid data option (data.*): {err}") from err
-
-
 def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
     """The ``decode`` options: the search, and ``max_tokens``, source tokens per batch (how
     sentences are batched, not how each is decoded)."""
@@ -191,150 +173,6 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         raise ConfigError(f"input={cfg.input}: no such file")
 
 
-def _check_outputs(cfg: DictConfig, checkpoints: list[str]) -> None:
-    """Before any work: ``output`` is neither the input nor a checkpoint nor a directory."""
-    if cfg.output is not None:
-        output = str(cfg.output)
-        inputs = [*([] if cfg.input in (None, "-") else [str(cfg.input)]), *checkpoints]
-        for given in inputs:
-            if same_file(output, given):
-                raise ConfigError(
-                    f"output={output} is {given}, an input of this run, which writing it would "
-                    "destroy; give output= a new file"
-                )
-        if Path(output).is_dir():
-            raise ConfigError(f"output={output} is a directory; give output= a file")
-
-
-def _output(
-    cfg: DictConfig,
-    out_dir: Path,
-    default: str,
-    lines_per_item: int,
-    count: Callable[[], int | None],
-    origin: str,
-) -> tuple[Path, int]:
-    """Where a file's results go (``output``, or ``default`` in the run directory) and how many
-    items it already holds. An ``output`` is resumed after its whole items (``force=true``: none,
-    it is emptied) once they are checked against the input's count (``count()``, None where the
-    input cannot be read again: stdin): an output holding more, or one that cannot be checked,
-    is refused unchanged."""
-    if cfg.output is None:
-        return out_dir / default, 0
-    path = Path(str(cfg.output))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    if cfg.force:
-        path.write_bytes(b"")
-        return path, 0
-    done, size = whole_items(path, lines_per_item)
-    if done:
-        total = count()
-        if total is None:
-            raise ConfigError(
-                f"output={cfg.output} holds the results of {done} lines; resuming would skip the "
-                f"first {done} lines of {origin} (standard input, which cannot be read again to "
-                "check them): give the input as input=FILE, or force=true to start output= again"
-            )
-        if done > total:
-            raise ConfigError(
-                f"output={cfg.output} holds results for {done} lines but {origin} has {total}: it "
-                "belongs to another input; delete it, choose another output=, or force=true to "
-                "replace it"
-            )
-        log.info("%s holds the results of %d lines: resuming at line %d", path, done, done + 1)
-    if path.exists():
-        os.truncate(path, size)  # a write cut short
-    return path, done
-
-
-def _line_count(source: str, read_through: bool) -> int | None:
-    """``input``'s lines: a plain file's counted; a gzipped one's only when ``read_through`` (it
-    is decompressed for it); None for standard input."""
-    if source == "-":
-        return None
-    total = count_lines(source)
-    if total is None and read_through:
-        total = sum(len(block) for block in iter_line_blocks(source))
-    return total
-
-
-def _translate_file(
-    cfg: DictConfig,
-    translator: Translator | CT2Translator,
-    options: DecodeOptions,
-    max_tokens: int,
-    out_dir: Path,
-) -> dict[str, Any]:
-    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
-    source = str(cfg.input)
-    count = partial(_line_count, source, read_through=True)
-    path, done = _output(cfg, out_dir, "hypotheses.txt", options.nbest, count, f"input={source}")
-    chunks = read_line_chunks(source, cfg.input_chunk, skip=done)
-    total = _line_count(source, read_through=False)  # for the progress bar
-
-    def translate(lines: list[str], first: int) -> list[str]:
-        return output_lines(translator.translate(lines, options, max_tokens, first), options)
-
-    written = append_chunks(path, chunks, translate, total, done)
-    return {"output": str(path), "lines": done + written, "resumed_at": done}
-
-
-def _score_pairs(
-    cfg: DictConfig,
-    translator: Translator,
-    ckpt: dict[str, Any],
-    paths: list[str],
-    max_tokens: int,
-    out_dir: Path,
-) -> dict[str, Any]:
-    """score=true: the forced score of each pair of the split (or of input=FILE's
-    ``source<TAB>target`` lines), one line each."""
-    len_penalty, per_token = float(cfg.scoring.len_penalty), cfg.scoring.per_token
-    if cfg.input is not None:
-        source = str(cfg.input)
-        count = partial(_line_count, source, read_through=True)
-        path, done = _output(cfg, out_dir, "scores.txt", 1, count, f"input={source}")
-        lines = read_line_chunks(source, cfg.input_chunk, skip=done)
-        chunks = ((first, _pairs(chunk, first, source)) for first, chunk in lines)
-        total = _line_count(source, read_through=False)
-    else:
-        datamodule = _datamodule(ckpt, cfg.data, paths[0])
-        texts = (
-            datamodule.sources(cfg.split, cfg.direction),
-            datamodule.references(cfg.split, cfg.direction),
-        )
-        pairs = list(zip(*texts, strict=True))
-        step, total = cfg.input_chunk, len(pairs)
-        path, done = _output(cfg, out_dir, "scores.txt", 1, lambda: total, f"split={cfg.split}")
-        chunks = ((i, pairs[i : i + step]) for i in range(done, total, step))
-
-    def score(items: list[tuple[str, str]], first: int) -> list[str]:
-        sources, targets = [s for s, _ in items], [t for _, t in items]
-        out = []
-        for lprobs in translator.score(sources, targets, max_tokens):
-            line = f"{sentence_score(lprobs, len_penalty):.4f}"
-            tokens = "\t" + " ".join(f"{x:.4f}" for x in lprobs) if per_token else ""
-            out.append(line + tokens)
-        return out
-
-    written = append_chunks(path, chunks, score, total, done)
-    return {"output": str(path), "lines": done + written, "resumed_at": done}
-
-
-def _pairs(lines: list[str], first: int, origin: str) -> list[tuple[str, str]]:
-    """``source<TAB>target`` lines -> pairs; line ``first`` + 1 is the first's number."""
-    pairs = []
-    for number, line in enumerate(lines, start=first + 1):
-        fields = line.split("\t")
-        if len(fields) != 2:
-            raise DataError(
-                f"{origin}, line {number}: {len(fields)} tab-separated fields; score=true "
-                "reads one pair a line, source<TAB>target"
-            )
-        pairs.append((fields[0], fields[1]))
-    return pairs
-
-
 def _ct2_translator(
     cfg: DictConfig, device: torch.device, analysis: str | None
 ) -> tuple[CT2Translator, dict[str, Any], list[str]]:
@@ -364,9 +202,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
     ``cfg.paths.output_dir``; return the metrics. With ``input``, translate its lines into
     ``output`` (default: the run directory's hypotheses.txt); with ``score=true``, score given
-    translations into ``output`` (default: scores.txt); either returns where they went. With
-    ``analysis=heads|maps``, run that analysis on the split instead (see
-    :mod:`transformer.analysis.run`)."""
+    translations into ``output`` (default: scores.txt); either returns where they went
+    (:mod:`transformer.evaluation_files`). With ``analysis=heads|maps``, run that analysis on the
+    split instead (see :mod:`transformer.analysis.run`)."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
@@ -379,7 +217,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
-    _check_outputs(cfg, checkpoints)
+    check_outputs(cfg, checkpoints)
     out_dir.mkdir(parents=True, exist_ok=True)
     for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
         (out_dir / name).unlink(missing_ok=True)
@@ -390,45 +228,26 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     else:
         raise ConfigError(f"engine={engine}: choose torch or ctranslate2")
 
+    texts = cache(partial(_texts, ckpt, cfg.data, paths[0]))  # the corpus, built when needed
     settings = ckpt.get("datamodule_hyper_parameters") or {}
     if cfg.direction is not None or settings.get("target_token"):
         # a multilingual model: its target token before each source line
-        prefix = _datamodule(ckpt, cfg.data, paths[0]).source_prefix(cfg.direction)
+        prefix = texts().source_prefix(cfg.direction)
         translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
     if cfg.score:
-        result = _score_pairs(cfg, translator, ckpt, paths, max_tokens, out_dir)
+        result = score_pairs(cfg, translator, max_tokens, out_dir, texts)
         return {**result, "scoring": OmegaConf.to_container(cfg.scoring), "checkpoints": paths}
     if cfg.input is not None:
-        result = _translate_file(cfg, translator, options, max_tokens, out_dir)
+        result = translate_file(cfg, translator, options, max_tokens, out_dir)
         return {**result, "decode": decode_settings, "checkpoints": paths}
-
-    datamodule = _datamodule(ckpt, cfg.data, paths[0])
-    split = datamodule.split_name(cfg.split, cfg.direction)  # the name, for metrics.json
-    sources = datamodule.sources(cfg.split, cfg.direction)
-    references = datamodule.references(cfg.split, cfg.direction)
+    corpus = texts()
     if analysis is not None:
+        split = corpus.pairs(cfg.split, cfg.direction)
         return run_analysis(
-            analysis, translator, sources, references, cfg.analysis_options, out_dir
+            analysis, translator, split.src, split.tgt, cfg.analysis_options, out_dir
         )
-    start = time.perf_counter()
-    translated = translator.translate(sources, options, max_tokens)
-    hypotheses = [t[0].text for t in translated]  # on the host: done
-    seconds = time.perf_counter() - start
-    scores = score_translations(hypotheses, references)
-    metrics = {
-        "bleu": scores.bleu,
-        "bleu_lc": scores.bleu_lc,
-        "chrf": scores.chrf,
-        "signature": {
-            "bleu": scores.bleu_signature,
-            "bleu_lc": scores.bleu_lc_signature,
-            "chrf": scores.chrf_signature,
-        },
-        "split": split,
-        "direction": cfg.direction or datamodule.directions[0],
-        "num_sentences": scores.num_sentences,
+    run = {  # how the translations were made, for metrics.json
         "decode": decode_settings,
-        "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
         "engine": engine,
         "device": str(device),
         "dtype": translator.compute_type if engine == "ctranslate2" else _name(dtype),
@@ -438,6 +257,41 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "checkpoints": paths,
         "ensemble": cfg.ensemble,
     }
+    return _score_split(cfg, translator, corpus, options, max_tokens, out_dir, run)
+
+
+def _score_split(
+    cfg: DictConfig,
+    translator: Translator | CT2Translator,
+    corpus: CorpusTexts,
+    options: DecodeOptions,
+    max_tokens: int,
+    out_dir: Path,
+    run: dict[str, Any],
+) -> dict[str, Any]:
+    """The split's translations (hypotheses.txt) and their scores, with ``run`` (metrics.json)."""
+    pairs = corpus.pairs(cfg.split, cfg.direction)
+    start = time.perf_counter()
+    translated = translator.translate(pairs.src, options, max_tokens)
+    hypotheses = [t[0].text for t in translated]  # on the host: done
+    seconds = time.perf_counter() - start
+    metrics = {
+        **score_translations(hypotheses, pairs.tgt).to_dict(),
+        "split": corpus.split_name(cfg.split, cfg.direction),  # the name
+        "direction": cfg.direction or corpus.directions[0],
+        "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
+        **run,
+    }
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def _texts(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> CorpusTexts:
+    """The texts of the checkpoint's corpus, with the ``data.*`` options given in its place."""
+    given = {k: v for k, v in OmegaConf.to_container(overrides).items() if v is not None}
+    missing = ConfigError(
+        f"{path} records no data settings; name the corpus, e.g. data.source=multi30k "
+        "data.root=DIR data.src_lang=en data.tgt_lang=de"
+    )  # (an invalid option: as training.build_datamodule reports the module's own check)
+    return checkpoint_texts(ckpt, given, missing, "invalid data option (data.*)")

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
+from typing import Any
 
 from sacrebleu.metrics import BLEU, CHRF
 
@@ -18,8 +19,20 @@ class TranslationScores:
     chrf_signature: str
     num_sentences: int
 
-    def to_dict(self) -> dict[str, float | str | int]:
-        return asdict(self)
+    def to_dict(self) -> dict[str, Any]:
+        """The scores as ``metrics.json`` records them: each metric, the signatures under
+        ``signature``, the sentence count."""
+        return {
+            "bleu": self.bleu,
+            "bleu_lc": self.bleu_lc,
+            "chrf": self.chrf,
+            "signature": {
+                "bleu": self.bleu_signature,
+                "bleu_lc": self.bleu_lc_signature,
+                "chrf": self.chrf_signature,
+            },
+            "num_sentences": self.num_sentences,
+        }
 
 
 def score_translations(

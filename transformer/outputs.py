@@ -28,6 +28,21 @@ def same_file(a: str | os.PathLike, b: str | os.PathLike) -> bool:
     return Path(a).resolve() == Path(b).resolve()
 
 
+def check_not_input(
+    output: str | os.PathLike,
+    inputs: Iterable[str | os.PathLike],
+    is_input: str,
+    is_directory: str,
+) -> None:
+    """Refuse an ``output`` file that is one of the ``inputs`` or a directory: the messages are
+    ``is_input`` and ``is_directory``, formatted with ``output`` (and ``given``, the input)."""
+    for given in inputs:
+        if same_file(output, given):
+            raise ConfigError(is_input.format(output=output, given=given))
+    if Path(output).is_dir():
+        raise ConfigError(is_directory.format(output=output))
+
+
 def check_output_file(
     output: str | os.PathLike,
     inputs: Iterable[str | os.PathLike],
@@ -38,16 +53,14 @@ def check_output_file(
     """A command writes the file ``output`` (its argument ``name``) from ``inputs``: refuse one of
     the inputs (even with ``force``), a directory, and an existing file unless ``force``; ``hint``
     ends the message of the last."""
-    for given in inputs:
-        if same_file(output, given):
-            raise ConfigError(
-                f"{name} {output} is the input {given}: writing it would destroy what it is "
-                f"made from; give {name} a new path"
-            )
-    path = Path(output)
-    if path.is_dir():
-        raise ConfigError(f"{name} {output} is a directory; give the path of the file to write")
-    if path.exists() and not force:
+    check_not_input(
+        output,
+        inputs,
+        f"{name} {{output}} is the input {{given}}: writing it would destroy what it is made "
+        f"from; give {name} a new path",
+        f"{name} {{output}} is a directory; give the path of the file to write",
+    )
+    if Path(output).exists() and not force:
         raise ConfigError(
             f"{name} {output} exists; give a new path, or --force to replace it{hint}"
         )

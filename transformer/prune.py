@@ -28,7 +28,7 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.config import ATTENTION_TYPES
-from transformer.data.datamodule import TranslationDataModule
+from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.model import Transformer
@@ -132,16 +132,13 @@ def checkpoint_scores(
     alone is masked, or "gradient", Michel et al.'s proxy."""
     if by not in BY:
         raise ConfigError(f"--by={by}: choose one of {', '.join(BY)}")
-    settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
-    if not settings:
-        raise CheckpointError(f"{path} records no data settings to score heads on; use --heads")
-    if data_root is not None:
-        settings["root"] = data_root
-    try:
-        datamodule = TranslationDataModule(**settings)
-    except ValueError as err:
-        raise ConfigError(f"{path}: its data settings are unusable here: {err}") from err
-    sources, references = datamodule.sources(split), datamodule.references(split)
+    texts = checkpoint_texts(
+        ckpt,
+        {} if data_root is None else {"root": data_root},
+        CheckpointError(f"{path} records no data settings to score heads on; use --heads"),
+        f"{path}: its data settings are unusable here",
+    )
+    sources, references = texts.sources(split), texts.references(split)
     translator = Translator(
         model_from_checkpoint(ckpt, path), *tokenizers_from_checkpoint(ckpt, path)
     )

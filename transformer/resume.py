@@ -17,7 +17,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from transformer.checkpoints import load_checkpoint
 from transformer.config import TransformerConfig
 from transformer.config_checks import show
 from transformer.data.corpora import corpus_options
@@ -34,11 +33,13 @@ NEW_RUN = "or start a new run (without ckpt_path)"
 
 
 def check_resume(
-    path: str | os.PathLike, model: TransformerConfig, data: Mapping[str, Any]
+    ckpt: dict[str, Any],
+    path: str | os.PathLike,
+    model: TransformerConfig,
+    data: Mapping[str, Any],
 ) -> None:
-    """Refuse to resume from ``path`` unless it holds a training state for this run's ``model``
-    and ``data`` (the data module's hyperparameters); its tensors are memory-mapped, not read."""
-    ckpt = load_checkpoint(path, mmap=True)
+    """Refuse to resume from ``ckpt`` (loaded from ``path``) unless it holds a training state for
+    this run's ``model`` and ``data`` (the data module's hyperparameters)."""
     check_training_state(ckpt, Path(path))
     stored = ckpt.get("datamodule_hyper_parameters")
     if stored is not None:  # (every checkpoint of train.py has them)

@@ -28,7 +28,9 @@ from transformer import config_checks as checks
 from transformer import run_dir, sdpa_backends
 from transformer.atomic import sweep_temporaries
 from transformer.callbacks import AtomicCheckpointIO, WeightEMA
-from transformer.checkpoints import read_model_config, read_tokenizer_models
+from transformer.checkpoints import load_checkpoint, stored_tokenizer_models
+from transformer.config import TransformerConfig
+from transformer.data.datamodule import TranslationDataModule
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule
 from transformer.resume import check_resume
@@ -148,10 +150,26 @@ def _instantiate_group(group: DictConfig | None, **kwargs: Any) -> list[Any]:
     return [instantiate(c, **kwargs) for c in group.values() if c is not None and "_target_" in c]
 
 
-def adopt_pruned_heads(cfg: DictConfig) -> None:
+def resume_from(
+    cfg: DictConfig, model_cfg: TransformerConfig, datamodule: TranslationDataModule
+) -> None:
+    """A run resumed from ``ckpt_path`` (loaded once, its tensors memory-mapped, not read):
+    checked against the run, its pruned heads adopted, and the tokenizers the weights were
+    trained with given to the data."""
+    ckpt = load_checkpoint(cfg.ckpt_path, mmap=True)
+    check_resume(ckpt, cfg.ckpt_path, model_cfg, datamodule.hparams)
+    adopt_pruned_heads(cfg, ckpt["hyper_parameters"]["model"])
+    models = stored_tokenizer_models(ckpt, cfg.ckpt_path)
+    if models is None:
+        log.warning("%s holds no tokenizers: the data's own are used", cfg.ckpt_path)
+    else:
+        datamodule.use_tokenizers(models["src"], models["tgt"], checkpoint=cfg.ckpt_path)
+
+
+def adopt_pruned_heads(cfg: DictConfig, model: dict[str, Any]) -> None:
     """A checkpoint pruned by ``python -m transformer.prune`` has fewer heads in some layers: a
-    run resumed from it takes the checkpoint's ``model.heads_per_layer`` (given, it must agree)."""
-    stored = (read_model_config(cfg.ckpt_path) or {}).get("heads_per_layer")
+    run resumed from it takes its ``model.heads_per_layer`` (given, it must agree)."""
+    stored = model.get("heads_per_layer")
     given = cfg.model.get("heads_per_layer")
     given = None if given is None else OmegaConf.to_container(given)
     if given == stored:
@@ -213,13 +231,7 @@ def train(cfg: DictConfig) -> dict[str, float]:
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
     if cfg.get("ckpt_path"):  # resume with the tokenizers the weights were trained with
-        check_resume(cfg.ckpt_path, model_cfg, datamodule.hparams)
-        adopt_pruned_heads(cfg)
-        models = read_tokenizer_models(cfg.ckpt_path)
-        if models is None:
-            log.warning("%s holds no tokenizers: the data's own are used", cfg.ckpt_path)
-        else:
-            datamodule.use_tokenizers(models["src"], models["tgt"], checkpoint=cfg.ckpt_path)
+        resume_from(cfg, model_cfg, datamodule)
     checks.check_data_root(cfg.data)
     checks.check_writable(checks.output_dirs(cfg))
     sweep_checkpoint_dirs(cfg)

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, prepared_datamodule, write_lines
 from transformer.data import datamodule as dm_module
+from transformer.data import prepare
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer.errors import DataError
@@ -109,7 +110,7 @@ def test_second_run_loads_the_cache_without_tokenizing(corpus_dir, dm_kwargs, mo
     def no_training(*args, **kwargs):
         raise AssertionError("the tokenizer was trained again")
 
-    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    monkeypatch.setattr(prepare, "train_tokenizer", no_training)
     second = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert calls == []
     assert ids_of(second.val_dataloader()) == ids_of(first.val_dataloader())
@@ -133,7 +134,7 @@ def test_line_count_mismatch_fails_before_tokenizer_training(corpus_dir, dm_kwar
     def no_training(*args, **kwargs):
         raise AssertionError("trained a tokenizer on data that failed its checks")
 
-    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    monkeypatch.setattr(prepare, "train_tokenizer", no_training)
     with pytest.raises(DataError) as err:
         prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert "val.en has 32 lines" in str(err.value) and "val.de has 30" in str(err.value)

@@ -18,8 +18,9 @@ from tests.tiny import (
     trained_elsewhere,
     write_lines,
 )
-from transformer.checkpoints import read_tokenizer_models
+from transformer.checkpoints import _torch_load, stored_tokenizer_models
 from transformer.data import datamodule as dm_module
+from transformer.data import prepare
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError
 
@@ -62,7 +63,7 @@ def test_given_tokenizers_are_used_as_they_are(
     )
     assert token_ids(retrained, "val") != token_ids(first, "val")  # what resuming must not do
 
-    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    monkeypatch.setattr(prepare, "train_tokenizer", no_training)
     with caplog.at_level(logging.INFO, logger=dm_module.__name__):
         resumed = prepared_datamodule(
             models(first), **dict(kwargs, source="local", cache_dir=str(tmp_path / "cache-resumed"))
@@ -92,7 +93,7 @@ def test_token_ids_are_cached_per_tokenizer_content(corpus_dir, dm_kwargs, monke
     first = prepared_datamodule(source="local", root=str(corpus_dir), **dm_kwargs)
     calls = []
     monkeypatch.setattr(Tokenizer, "encode_batch", lambda self, texts: calls.append(texts))
-    monkeypatch.setattr(dm_module, "train_tokenizer", no_training)
+    monkeypatch.setattr(prepare, "train_tokenizer", no_training)
     given = models(first) if where == "here" else tuple(map(trained_elsewhere, models(first)))
     resumed = prepared_datamodule(given, source="local", root=str(corpus_dir), **dm_kwargs)
     assert calls == []
@@ -121,21 +122,25 @@ def test_given_tokenizers_must_fit_the_config(corpus_dir, dm_kwargs, tmp_path):
         joint.use_tokenizers(*models(first), checkpoint="last.ckpt")
 
 
-def test_read_tokenizer_models(tmp_path):
+def test_stored_tokenizer_models(tmp_path):
     stored = {
         side: {"name": f"{side}.model", "model": side.encode() * 3} for side in ("src", "tgt")
     }
     path = tmp_path / "last.ckpt"
+
+    def read(path):
+        return stored_tokenizer_models(_torch_load(path, mmap=True), path)
+
     torch.save({"state_dict": {"model.w": torch.zeros(4, 4)}, "tokenizers": stored}, path)
-    assert read_tokenizer_models(path) == {"src": b"srcsrcsrc", "tgt": b"tgttgttgt"}
+    assert read(path) == {"src": b"srcsrcsrc", "tgt": b"tgttgttgt"}
 
     torch.save({"state_dict": {"model.w": torch.zeros(4, 4)}}, path)
-    assert read_tokenizer_models(path) is None
+    assert read(path) is None
     torch.save({"tokenizers": {"src": stored["src"]}}, path)
     with pytest.raises(CheckpointError, match=r"last.ckpt: its tokenizers entry holds no src and"):
-        read_tokenizer_models(path)
+        read(path)
     path.write_bytes(b"not a checkpoint")
     with pytest.raises(CheckpointError, match=r"checkpoint .*last.ckpt cannot be read"):
-        read_tokenizer_models(path)
+        read(path)
     with pytest.raises(CheckpointError, match=r"checkpoint .*none.ckpt does not exist"):
-        read_tokenizer_models(tmp_path / "none.ckpt")
+        read(tmp_path / "none.ckpt")

@@ -10,7 +10,8 @@ import pytest
 
 from tests.tiny import write_lines
 from transformer.data import sources
-from transformer.data.sources import HFSource, LocalSource, Multi30kSource
+from transformer.data.hf_source import HFSource
+from transformer.data.sources import LocalSource, Multi30kSource
 from transformer.data.text_files import count_lines, read_line_chunks, read_lines
 from transformer.errors import DataError
 

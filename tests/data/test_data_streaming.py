@@ -15,7 +15,8 @@ import pytest
 from tests.tiny import DATA_SPLITS, data_pairs, write_lines
 from transformer.data import datamodule as dm_module
 from transformer.data import text_files
-from transformer.data.sources import HFSource, LocalSource
+from transformer.data.hf_source import HFSource
+from transformer.data.sources import LocalSource
 from transformer.data.text_files import iter_line_blocks, iter_parallel_files, line_blocks
 from transformer.data.tokenizer import SentenceSample
 from transformer.errors import DataError

@@ -18,14 +18,8 @@ from tests.tiny import (
     trained_elsewhere,
     write_lines,
 )
-from transformer.data.tokenizer import (
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    UNK_ID,
-    model_digest,
-    train_tokenizer,
-)
+from transformer.data.spm_model import model_digest
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
 from transformer.errors import DataError
 
 

@@ -14,17 +14,20 @@ in training, validation, test and translation, so that one model translates into
 (Johnson et al. 2017). Tags and target tokens become pieces of their own in SentencePiece.
 
 Validation and test read the val and test splits of the first corpus of each direction; the
-others (back-translated, distilled) are training data only.
+others (back-translated, distilled) are training data only (:class:`CorpusTexts`).
 """
 
 from __future__ import annotations
 
+import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from transformer.data.sources import DEFAULT_SPLITS, CorpusSource, make_source
+from transformer.data.hf_source import HFSource
+from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
+from transformer.data.text_files import ParallelText, checked
 from transformer.errors import DataError
 
 # What an entry of data.corpora may set for itself; missing keys come from data.*.
@@ -34,6 +37,31 @@ CORPUS_KEYS = (
 )  # fmt: skip
 ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
+
+
+DEFAULT_SPLITS = {  # data.source -> its (train, val, test) split names
+    "multi30k": ("train", "val", "test_2016_flickr"),
+    "hf": ("train", "validation", "test"),
+    "local": ("train", "val", "test"),
+}
+
+
+def make_source(
+    name: str,
+    root: str | os.PathLike | None,
+    src_lang: str,
+    tgt_lang: str,
+    download: bool = True,
+    hf_name: str | None = None,
+    hf_config: str | None = None,
+    hf_path: str | os.PathLike | None = None,
+) -> CorpusSource:
+    """The source that ``data.source=name`` reads; it checks its options and reads nothing."""
+    if name == "multi30k":
+        return Multi30kSource(root, src_lang, tgt_lang, download=download)
+    if name == "local":
+        return LocalSource(root, src_lang, tgt_lang)
+    return HFSource(src_lang, tgt_lang, hf_name, hf_config, hf_path)
 
 
 def target_token(lang: str) -> str:
@@ -125,3 +153,88 @@ def special_tokens(corpora: list[Corpus], target_tokens: bool) -> tuple[str, ...
     if target_tokens:
         tokens |= {target_token(c.source.tgt_lang) for c in corpora}
     return tuple(sorted(tokens))
+
+
+Key = tuple[int, str]  # (corpus index, split name)
+
+
+class CorpusTexts:
+    """The corpora of a run (:func:`make_corpora`): their directions, the splits each one has,
+    and their texts. A validation or test split is read whole once and kept (BLEU's
+    references; small), a training split only ever streamed (:meth:`chunks`)."""
+
+    def __init__(self, corpora: list[Corpus], target_token: bool = False) -> None:
+        self.corpora, self.target_token = corpora, target_token
+        self.validated = validated(corpora)  # direction -> its corpus for val and test
+        self.directions = list(self.validated)
+        self._texts: dict[Key, ParallelText] = {}
+
+    def corpus(self, direction: str | None) -> int:
+        """The corpus that validates ``direction`` (None: the first direction)."""
+        if direction is None:
+            return 0
+        if direction not in self.validated:
+            raise DataError(
+                f"no corpus translates {direction}; the directions are {self.directions}"
+            )
+        return self.validated[direction]
+
+    def splits_of(self, c: int) -> list[str]:
+        """Corpus ``c``'s splits: its training split, and if it validates its direction its val
+        and test splits."""
+        corpus = self.corpora[c]
+        if self.validated[corpus.direction] != c:
+            return [corpus.splits["train"]]
+        return list(dict.fromkeys(corpus.splits.values()))
+
+    def trains(self) -> list[Key]:
+        """Each corpus's training split."""
+        return [(c, corpus.splits["train"]) for c, corpus in enumerate(self.corpora)]
+
+    def split_name(self, name: str, direction: str | None = None) -> str:
+        """The split a stage alias (``train``/``val``/``test``) names in ``direction``'s corpus;
+        any other name as it is."""
+        return self.corpora[self.corpus(direction)].splits.get(name, name)
+
+    def source_prefix(self, direction: str | None = None) -> tuple[str, ...]:
+        """The tokens before each source sentence translated in ``direction``: its target token
+        with ``target_token``, else none (``Tokenizer.with_prefix`` puts them there)."""
+        corpus = self.corpora[self.corpus(direction)]
+        return prefix_tokens(corpus, self.target_token, training=False)
+
+    def prefix(self, c: int, split: str) -> tuple[str, ...]:
+        """The tokens before each source sentence of corpus ``c``'s ``split`` (training: its tag
+        too)."""
+        corpus = self.corpora[c]
+        return prefix_tokens(corpus, self.target_token, training=split == corpus.splits["train"])
+
+    def tag(self, c: int) -> str:
+        return self.corpora[c].source.tag
+
+    def read(self, split: str, c: int = 0) -> ParallelText:
+        """A split's pairs, all of them, checked (and kept)."""
+        if (c, split) not in self._texts:
+            origin = self.corpora[c].source.origin(split)
+            self._texts[c, split] = ParallelText.join(self.chunks(split, c), origin)
+        return self._texts[c, split]
+
+    def chunks(self, split: str, c: int = 0) -> Iterator[ParallelText]:
+        """A split's pairs as the source streams them, checked on the way."""
+        if (c, split) in self._texts:
+            return iter([self._texts[c, split]])
+        source = self.corpora[c].source
+        langs = source.src_lang, source.tgt_lang
+        return checked(source.read_chunks(split), split, langs, source.origin(split))
+
+    def pairs(self, split: str, direction: str | None = None) -> ParallelText:
+        """A split of ``direction`` (a stage alias or a name), in corpus order (index =
+        ``Batch.ids``), the source side as the files have it (without :meth:`source_prefix`)."""
+        return self.read(self.split_name(split, direction), self.corpus(direction))
+
+    def references(self, split: str, direction: str | None = None) -> list[str]:
+        """Target-side texts of a split of ``direction`` (:meth:`pairs`)."""
+        return self.pairs(split, direction).tgt
+
+    def sources(self, split: str, direction: str | None = None) -> list[str]:
+        """Source-side texts of a split of ``direction`` (:meth:`pairs`)."""
+        return self.pairs(split, direction).src

@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -164,27 +164,33 @@ class TokenizedSplit(Dataset):
         with bos/eos, or (given ``max_tokens``, a batch's budget) fills more than a batch
         (``name``: the split, for the message)."""
         longer = np.maximum(self.src_lens, self.tgt_lens) + 1  # with bos/eos
-        over = np.flatnonzero(longer > max_positions)
-        if over.size:
-            i = int(over[0])
-            raise DataError(
-                f"{name}: {over.size} sentence pair(s) longer than model.max_positions="
-                f"{max_positions} pieces with bos/eos (first: pair {int(self.ids[i]) + 1} in "
-                f"corpus order, {self.src_lens[i]} source / {self.tgt_lens[i]} target pieces); "
-                "raise model.max_positions or shorten them"
-            )
+        if (over := longer > max_positions).any():
+            raise self._too_long(
+                name, over, f"model.max_positions={max_positions} pieces with bos/eos",
+                lambda i: f"{self.src_lens[i]} source / {self.tgt_lens[i]} target pieces",
+                "raise model.max_positions or shorten them",
+            )  # fmt: skip
         if max_tokens is None:
             return
         need = round_up(longer, pad_to_multiple)  # the tokens of a batch of one
-        over = np.flatnonzero(need > max_tokens)
-        if over.size:
-            i = int(over[0])
-            raise DataError(
-                f"{name}: {over.size} sentence pair(s) longer than data.max_tokens={max_tokens}, "
-                f"the tokens of a batch (first: pair {int(self.ids[i]) + 1} in corpus order, "
-                f"{need[i]} tokens with bos/eos); raise data.max_tokens to at least "
-                f"{need.max()} or shorten them"
-            )
+        if (over := need > max_tokens).any():
+            raise self._too_long(
+                name, over, f"data.max_tokens={max_tokens}, the tokens of a batch",
+                lambda i: f"{need[i]} tokens with bos/eos",
+                f"raise data.max_tokens to at least {need.max()} or shorten them",
+            )  # fmt: skip
+
+    def _too_long(
+        self, name: str, over: np.ndarray, limit: str, sizes: Callable[[int], str], fix: str
+    ) -> DataError:
+        """The error for the pairs the mask ``over`` marks as longer than ``limit``: their count,
+        the first's number and ``sizes``, then the ``fix``."""
+        (found,) = np.nonzero(over)
+        i = int(found[0])
+        return DataError(
+            f"{name}: {found.size} sentence pair(s) longer than {limit} (first: pair "
+            f"{int(self.ids[i]) + 1} in corpus order, {sizes(i)}); {fix}"
+        )
 
     def __getitem__(self, i: int) -> Example:
         return int(self.ids[i]), self._src[i], self._tgt[i]

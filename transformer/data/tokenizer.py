@@ -4,13 +4,13 @@ The ids ``pad=0, unk=1, bos=2, eos=3`` are fixed for the whole project: the mode
 embedding and zeroes the padding row from them, so every tokenizer is trained with exactly these.
 
 Two tokenizers are the same when they tokenize alike: their models are compared (and caches
-named) by :func:`model_digest`, which leaves out where and how a model was trained.
+named) by :func:`transformer.data.spm_model.model_digest`, which leaves out where and how a model
+was trained.
 """
 
 from __future__ import annotations
 
 import copy
-import hashlib
 import json
 import logging
 import os
@@ -23,10 +23,9 @@ from typing import Any
 
 import numpy as np
 import sentencepiece as spm
-from google.protobuf.message import DecodeError
-from sentencepiece import sentencepiece_model_pb2
 
 from transformer.atomic import atomic_write
+from transformer.data.spm_model import canonical_model, model_digest
 from transformer.errors import DataError
 
 log = logging.getLogger(__name__)
@@ -39,29 +38,6 @@ EOS_ID = 3
 MODEL_TYPES = ("unigram", "bpe")
 
 WORD_START = "\u2581"  # SentencePiece's space
-
-# The TrainerSpec fields that record where and on how many threads a model was trained (its
-# input files, its output path, which held a temporary name with a process id), not what it does.
-RUN_RECORD = ("input", "input_format", "model_prefix", "num_threads")
-
-
-def canonical_model(model: bytes) -> bytes:
-    """A serialized SentencePiece model without :data:`RUN_RECORD`: its pieces, scores, types,
-    normalizer and the trainer options that tokenizing reads (model type, special ids, byte
-    fallback, ...). Two models that tokenize alike have the same canonical bytes."""
-    try:
-        proto = sentencepiece_model_pb2.ModelProto.FromString(model)
-    except DecodeError as err:
-        raise DataError(f"not a SentencePiece model ({err})") from err
-    for name in RUN_RECORD:
-        proto.trainer_spec.ClearField(name)
-    return proto.SerializeToString(deterministic=True)
-
-
-def model_digest(model: bytes) -> str:
-    """A short hex digest of what a serialized SentencePiece model does (its
-    :func:`canonical_model`): equal for two trainings of one tokenizer on the same data."""
-    return hashlib.sha1(canonical_model(model)).hexdigest()[:16]
 
 
 def word_index(ids: Sequence[int], pieces: Sequence[str]) -> list[int]:

@@ -9,8 +9,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.atomic import atomic_write
+from transformer.data.spm_model import model_digest
 from transformer.data.token_cache import fingerprint
-from transformer.data.tokenizer import MODEL_TYPES, Tokenizer, model_digest
+from transformer.data.tokenizer import MODEL_TYPES, Tokenizer
 from transformer.errors import CheckpointError, DataError
 
 

@@ -1,0 +1,171 @@
+"""evaluate's file modes: translate ``input=FILE`` (``decode.nbest`` lines a line) and score pairs
+(``score=true``: a split's, or ``input=FILE``'s ``source<TAB>target`` lines), written to
+``output`` a chunk of lines at a time and resumed after the lines it already holds
+(:mod:`transformer.streaming`).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from collections.abc import Callable, Iterator
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
+
+from transformer.data.corpora import CorpusTexts
+from transformer.data.text_files import count_lines, iter_line_blocks, read_line_chunks
+from transformer.decoding import DecodeOptions
+from transformer.decoding.scoring import sentence_score
+from transformer.errors import ConfigError, DataError
+from transformer.export.ct2_translate import CT2Translator
+from transformer.outputs import check_not_input
+from transformer.streaming import append_chunks, whole_items
+from transformer.translate import Translator, output_lines
+
+log = logging.getLogger(__name__)
+
+
+def check_outputs(cfg: DictConfig, checkpoints: list[str]) -> None:
+    """Before any work: ``output`` is neither the input nor a checkpoint nor a directory."""
+    if cfg.output is not None:
+        inputs = [*([] if cfg.input in (None, "-") else [str(cfg.input)]), *checkpoints]
+        check_not_input(
+            str(cfg.output),
+            inputs,
+            "output={output} is {given}, an input of this run, which writing it would destroy; "
+            "give output= a new file",
+            "output={output} is a directory; give output= a file",
+        )
+
+
+def _output(
+    cfg: DictConfig,
+    out_dir: Path,
+    default: str,
+    lines_per_item: int,
+    count: Callable[[], int | None],
+    origin: str,
+) -> tuple[Path, int]:
+    """Where a file's results go (``output``, or ``default`` in the run directory) and how many
+    items it already holds. An ``output`` is resumed after its whole items (``force=true``: none,
+    it is emptied) once they are checked against the input's count (``count()``, None where the
+    input cannot be read again: stdin): an output holding more, or one that cannot be checked,
+    is refused unchanged."""
+    if cfg.output is None:
+        return out_dir / default, 0
+    path = Path(str(cfg.output))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if cfg.force:
+        path.write_bytes(b"")
+        return path, 0
+    done, size = whole_items(path, lines_per_item)
+    if done:
+        total = count()
+        if total is None:
+            raise ConfigError(
+                f"output={cfg.output} holds the results of {done} lines; resuming would skip the "
+                f"first {done} lines of {origin} (standard input, which cannot be read again to "
+                "check them): give the input as input=FILE, or force=true to start output= again"
+            )
+        if done > total:
+            raise ConfigError(
+                f"output={cfg.output} holds results for {done} lines but {origin} has {total}: it "
+                "belongs to another input; delete it, choose another output=, or force=true to "
+                "replace it"
+            )
+        log.info("%s holds the results of %d lines: resuming at line %d", path, done, done + 1)
+    if path.exists():
+        os.truncate(path, size)  # a write cut short
+    return path, done
+
+
+def _line_count(source: str, read_through: bool) -> int | None:
+    """``input``'s lines: a plain file's counted; a gzipped one's only when ``read_through`` (it
+    is decompressed for it); None for standard input."""
+    if source == "-":
+        return None
+    total = count_lines(source)
+    if total is None and read_through:
+        total = sum(len(block) for block in iter_line_blocks(source))
+    return total
+
+
+def _input_file(
+    cfg: DictConfig, out_dir: Path, default: str, lines_per_item: int
+) -> tuple[Path, int, Iterator[tuple[int, list[str]]], int | None]:
+    """``input``'s results file and the items it holds (:func:`_output`), the lines still to do
+    in chunks (each with its first line's index), and its line count if known without reading
+    it through (for the progress bar)."""
+    source = str(cfg.input)
+    count = partial(_line_count, source, read_through=True)
+    path, done = _output(cfg, out_dir, default, lines_per_item, count, f"input={source}")
+    chunks = read_line_chunks(source, cfg.input_chunk, skip=done)
+    return path, done, chunks, _line_count(source, read_through=False)
+
+
+def translate_file(
+    cfg: DictConfig,
+    translator: Translator | CT2Translator,
+    options: DecodeOptions,
+    max_tokens: int,
+    out_dir: Path,
+) -> dict[str, Any]:
+    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
+    path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
+
+    def translate(lines: list[str], first: int) -> list[str]:
+        return output_lines(translator.translate(lines, options, max_tokens, first), options)
+
+    written = append_chunks(path, chunks, translate, total, done)
+    return {"output": str(path), "lines": done + written, "resumed_at": done}
+
+
+def score_pairs(
+    cfg: DictConfig,
+    translator: Translator,
+    max_tokens: int,
+    out_dir: Path,
+    texts: Callable[[], CorpusTexts],
+) -> dict[str, Any]:
+    """score=true: the forced score of each pair of the split (of ``texts()``, the checkpoint's
+    corpus) or of input=FILE's ``source<TAB>target`` lines, one line each."""
+    len_penalty, per_token = float(cfg.scoring.len_penalty), cfg.scoring.per_token
+    if cfg.input is not None:
+        path, done, lines, total = _input_file(cfg, out_dir, "scores.txt", 1)
+        source = str(cfg.input)
+        chunks = ((first, _pairs(chunk, first, source)) for first, chunk in lines)
+    else:
+        split = texts().pairs(cfg.split, cfg.direction)
+        pairs = list(zip(split.src, split.tgt, strict=True))
+        step, total = cfg.input_chunk, len(pairs)
+        path, done = _output(cfg, out_dir, "scores.txt", 1, lambda: total, f"split={cfg.split}")
+        chunks = ((i, pairs[i : i + step]) for i in range(done, total, step))
+
+    def score(items: list[tuple[str, str]], first: int) -> list[str]:
+        sources, targets = [s for s, _ in items], [t for _, t in items]
+        out = []
+        for lprobs in translator.score(sources, targets, max_tokens):
+            line = f"{sentence_score(lprobs, len_penalty):.4f}"
+            tokens = "\t" + " ".join(f"{x:.4f}" for x in lprobs) if per_token else ""
+            out.append(line + tokens)
+        return out
+
+    written = append_chunks(path, chunks, score, total, done)
+    return {"output": str(path), "lines": done + written, "resumed_at": done}
+
+
+def _pairs(lines: list[str], first: int, origin: str) -> list[tuple[str, str]]:
+    """``source<TAB>target`` lines -> pairs; line ``first`` + 1 is the first's number."""
+    pairs = []
+    for number, line in enumerate(lines, start=first + 1):
+        fields = line.split("\t")
+        if len(fields) != 2:
+            raise DataError(
+                f"{origin}, line {number}: {len(fields)} tab-separated fields; score=true "
+                "reads one pair a line, source<TAB>target"
+            )
+        pairs.append((fields[0], fields[1]))
+    return pairs
