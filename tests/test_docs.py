@@ -67,6 +67,7 @@ def test_a_key_added_to_a_config_without_documentation_fails(tmp_path: Path) -> 
     ]
 
 
+@pytest.mark.slow  # a subprocess building the whole site
 @pytest.mark.skipif(shutil.which("mkdocs") is None, reason="mkdocs not installed (the docs extra)")
 def test_the_site_builds_strictly(tmp_path: Path) -> None:
     """No broken link, missing page or unresolved API reference (CI runs the same command)."""

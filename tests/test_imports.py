@@ -19,6 +19,7 @@ LIGHT = (
 )
 
 
+@pytest.mark.slow  # a fresh interpreter per module
 @pytest.mark.parametrize("module", LIGHT)
 def test_imports_without_lightning_or_matplotlib(module: str) -> None:
     code = (
