@@ -12,11 +12,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import tempfile
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
+from transformer.atomic import sweep_temporaries, temporary_path
 from transformer.errors import ConfigError
 
 
@@ -106,13 +106,15 @@ def check_output_directory(
 def replace_directory(out_dir: str | os.PathLike, write: Callable[[Path], Any]) -> None:
     """``write(directory)`` into a new temporary directory beside ``out_dir``, then swap it in:
     an earlier ``out_dir`` is moved aside, the new one renamed into place, the old deleted. A
-    failure before the swap leaves ``out_dir`` as it was and no temporary directory; the earlier
-    one is refused (:class:`ConfigError`) if it holds a file the new one does not (``--force``
-    replaces only what the command writes)."""
+    failure before the swap leaves ``out_dir`` as it was and no temporary directory (a killed
+    process leaves its own, which the next write beside it removes); the earlier one is refused
+    (:class:`ConfigError`) if it holds a file the new one does not (``--force`` replaces only
+    what the command writes)."""
     target = Path(out_dir).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent))
-    old = tmp.with_suffix(".old")
+    sweep_temporaries(target.parent)  # those of a killed earlier write
+    tmp, old = temporary_path(target), temporary_path(target.with_name(f"{target.name}.old"))
+    tmp.mkdir()
     try:
         write(tmp)
         if target.exists():
