@@ -326,9 +326,10 @@ def make_batches(
 def corpus_batches(
     root: Path, n: int, max_tokens: int, vocab: int, multiple: int, cache_dir: Path, seed: int
 ) -> list[Batch]:
-    """The first ``n`` shuffled training batches of the Multi30k files in ``root``, as the
-    project's data module makes them (SentencePiece with ``vocab`` pieces, the token-budget
-    sampler, the collator; tokenizer and token ids cached in ``cache_dir``)."""
+    """The first ``n`` shuffled training batches of the Multi30k files in ``root`` (over as many
+    epochs as that takes), as the project's data module makes them (SentencePiece with ``vocab``
+    pieces, the token-budget sampler, the collator; tokenizer and token ids cached in
+    ``cache_dir``)."""
     from transformer.data.datamodule import TranslationDataModule
 
     dm = TranslationDataModule(
@@ -338,12 +339,15 @@ def corpus_batches(
     )  # fmt: skip
     dm.prepare_data()
     dm.setup("fit")
-    batches = []
-    for b in dm.train_dataloader():
-        batches.append((b.src, b.tgt_in, b.labels))
-        if len(batches) == n:
-            return batches
-    raise ValueError(f"{root}: one epoch at --tokens {max_tokens} has only {len(batches)} batches")
+    batches: list[Batch] = []
+    while True:  # epoch after epoch (each reshuffled) while one holds fewer than n batches
+        epoch = len(batches)
+        for b in dm.train_dataloader():
+            batches.append((b.src, b.tgt_in, b.labels))
+            if len(batches) == n:
+                return batches
+        if len(batches) == epoch:
+            raise ValueError(f"{root}: the training split at --tokens {max_tokens} has no batch")
 
 
 def peak_tflops(device: torch.device, dtype: str, n: int = 2048, repeats: int = 10) -> float | None:

@@ -275,7 +275,8 @@ stage1() {
     compile_env=(env TORCHDYNAMO_DISABLE=1)
   fi
   local run preset limit extra merged=()
-  for run in recipe base big recipe-compiled base-compiled; do
+  # GPU_CHECK_RUNS: a subset (e.g. "base big") to rerun the runs that failed.
+  for run in ${GPU_CHECK_RUNS:-recipe base big recipe-compiled base-compiled}; do
     preset=${run%-compiled}
     case $run in
       *-compiled) limit=150 extra=(--no-peers --compiled-too) ;;

@@ -13,6 +13,7 @@ from bench import bench_train
 from bench.bench_train import main, make_batches, matrix_params, model_config, train_flops
 from bench.common import logits_loss, own_loss, train_step
 from transformer import Transformer, TransformerConfig
+from transformer.data.synthetic import write_corpus
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 
 pytestmark = pytest.mark.bench  # a script of bench/ or dev/
@@ -73,6 +74,16 @@ def test_batches_are_bucketed_within_the_budget() -> None:
 
 
 @pytest.mark.slow
+def test_corpus_batches_go_on_into_the_next_epochs_when_one_is_too_short(tmp_path) -> None:
+    # Multi30k at base's 25,000 tokens is 25 batches an epoch, fewer than 50 timed ones.
+    root = write_corpus(tmp_path / "corpus", {"train": 60, "val": 8, "test_2016_flickr": 8}, ".gz")
+    batches = bench_train.corpus_batches(root, 9, 200, 60, 1, tmp_path / "cache", seed=0)
+    epoch = [b[0] for b in bench_train.corpus_batches(root, 1, 200, 60, 1, tmp_path / "c2", 0)]
+    assert len(batches) == 9
+    assert sum(b[0].size(0) for b in batches) > 60  # more sentences than one epoch holds
+    assert torch.equal(batches[0][0], epoch[0])  # the first epoch first, as before
+
+
 def test_the_steps_kept_are_the_steps_run(dry) -> None:
     result, shapes, _ = dry
     assert [(s.src_shape, s.tgt_shape) for s in result.steps] == shapes[
