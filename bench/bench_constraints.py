@@ -20,6 +20,7 @@ import argparse
 import gzip
 import json
 import platform
+import statistics
 import string
 import time
 
@@ -32,6 +33,7 @@ from transformer.checkpoints import (
 )
 from transformer.data.tokenizer import UNK_ID
 from transformer.decoding import DecodeOptions
+from transformer.decoding.step import Stepper
 from transformer.metrics import score_translations
 from transformer.terminology import constraints_met
 from transformer.translate import Translation, Translator
@@ -68,22 +70,35 @@ def main() -> None:
     p.add_argument("--per-sentence", type=int, default=2, help="constraints per sentence, at most")
     p.add_argument("--rounds", type=int, default=2, help="timed rounds of each, alternating")
     p.add_argument("--max-tokens", type=int, default=4096)
+    p.add_argument("--lines", type=int, default=None, help="the first N sentences only")
     args = p.parse_args()
 
     ckpt = load_checkpoint(args.ckpt)
     model = model_from_checkpoint(ckpt, args.ckpt)
     translator = Translator(model, *tokenizers_from_checkpoint(ckpt, args.ckpt))
-    sources, references = read(args.source), read(args.reference)
+    sources, references = read(args.source)[: args.lines], read(args.reference)[: args.lines]
     options = DecodeOptions(beam_size=args.beam)
     translator.translate(sources[:50], options, args.max_tokens)  # warm-up
 
     def writable(word: str) -> bool:
         return UNK_ID not in translator.tgt_tokenizer.encode(word)
 
-    def run(constraints: list[list[str]] | None) -> tuple[list[Translation], float]:
-        start = time.perf_counter()
+    rows = {"plain": 0, "constrained": 0}  # decoder rows run, all steps: the work, untimed
+    log_probs = Stepper.log_probs
+
+    def run(constraints: list[list[str]] | None) -> tuple[list[Translation], tuple[float, float]]:
+        name = "plain" if constraints is None else "constrained"
+
+        def counted(stepper: Stepper, prefixes: torch.Tensor) -> torch.Tensor:
+            rows[name] += prefixes.size(0)
+            return log_probs(stepper, prefixes)
+
+        Stepper.log_probs, rows[name] = counted, 0
+        start, cpu = time.perf_counter(), time.process_time()
         out = translator.translate(sources, options, args.max_tokens, constraints=constraints)
-        return [t[0] for t in out], time.perf_counter() - start
+        seconds = time.perf_counter() - start, time.process_time() - cpu
+        Stepper.log_probs = log_probs
+        return [t[0] for t in out], seconds
 
     plain_out, seconds = run(None)
     plain = [t.text for t in plain_out]
@@ -91,19 +106,24 @@ def main() -> None:
         lacking_words(r, h, args.per_sentence, writable)
         for r, h in zip(references, plain, strict=True)
     ]
-    times = {"plain": [seconds], "constrained": []}
-    for i in range(args.rounds):
+    times = {"plain": [seconds], "constrained": []}  # (wall, CPU) seconds of each round
+    for i in range(args.rounds):  # rounds alternate: plain (the first one above), constrained
+        if i:
+            times["plain"].append(run(None)[1])
         constrained_out, seconds = run(wanted)
         times["constrained"].append(seconds)
-        if i < args.rounds - 1:
-            times["plain"].append(run(None)[1])
     constrained = [t.text for t in constrained_out]
     tok = translator.tgt_tokenizer
     met, total = constraints_met(constrained, wanted, tok)
     plain_met, _ = constraints_met(plain, wanted, tok)
     flagged = sum(t.constraints_met is False for t in constrained_out)
     n = len(sources)
-    best = {name: min(values) for name, values in times.items()}
+    best = {name: min(wall for wall, _ in values) for name, values in times.items()}
+    pairs = list(zip(times["plain"], times["constrained"], strict=True))
+    ratio = {  # constrained / plain time, each round's, their median: the figure
+        "wall": statistics.median(c[0] / p[0] for p, c in pairs),
+        "cpu": statistics.median(c[1] / p[1] for p, c in pairs),
+    }
     result = {
         "checkpoint": args.ckpt,
         "beam": args.beam,
@@ -116,7 +136,9 @@ def main() -> None:
         "bleu_plain": score_translations(plain, references).bleu,
         "bleu_constrained": score_translations(constrained, references).bleu,
         "sentences_per_s": {name: n / s for name, s in best.items()},
-        "times": times,
+        "decoder_rows": rows,
+        "times_wall_cpu": times,
+        "time_ratio_median": ratio,
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),
         "machine": platform.processor() or platform.machine(),
@@ -129,7 +151,8 @@ def main() -> None:
     print(f"| constrained | {met}/{total} ({100 * met / total:.1f}%) | "
           f"{result['bleu_constrained']:.2f} | "
           f"{result['sentences_per_s']['constrained']:.1f} "
-          f"({best['plain'] / best['constrained']:.2f}x) |")  # fmt: skip
+          f"(time {ratio['wall']:.2f}x, CPU time {ratio['cpu']:.2f}x) |")  # fmt: skip
+    print(f"decoder rows: constrained {rows['constrained'] / rows['plain']:.2f}x unconstrained")
 
 
 if __name__ == "__main__":

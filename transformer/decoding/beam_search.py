@@ -83,8 +83,8 @@ def beam_search(
         order_eos = order + 2 * K  # an eos candidate ranks after every other
         first_rows = torch.arange(B, device=device).unsqueeze(1)  # (n, 1) k * its first row
         bans = TokenBans(options, pad_id, bos_id, eos_id, device)
-        V = models[0].cfg.tgt_vocab_size
-        phrases = Constraints.of(constraints, B, V, (pad_id, bos_id, eos_id), device)
+        special = (pad_id, bos_id, eos_id)
+        phrases = Constraints.of(constraints, B, models[0].cfg.tgt_vocab_size, special, device)
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
@@ -176,8 +176,8 @@ def beam_search(
     nbest = options.nbest
     hyps = _hypotheses(out_scores[:B, :nbest].cpu(), out_tokens[:B, :nbest].cpu(), eos_id)
     if phrases is not None:
-        for sentence, wanted in zip(hyps, constraints, strict=True):
-            for h in sentence:
+        for sentence_hyps, wanted in zip(hyps, constraints, strict=True):
+            for h in sentence_hyps:
                 h.constraints_met = all(contains(h.tokens, p) for p in wanted)
     return hyps
 

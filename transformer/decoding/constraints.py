@@ -6,9 +6,11 @@ tracks, for every phrase, whether it is met and how many of its tokens the outpu
 Knuth-Morris-Pratt automaton, so that "a a b" is found in "a a a b"). Each step's candidates are
 the search's usual top ``2 * beam_size``, plus for every beam its best token and the next token of
 each of its unmet phrases; a candidate's bank is the number of constraint tokens it holds (the
-tokens of its met phrases and of the longest one in progress). The live beams are taken from the
-banks in turn, the fullest bank first, the best candidate of each (fairseq's "stripes"), so the
-fullest bank always advances, and a hypothesis may end (eos) only once all its phrases are met.
+tokens of its met phrases and of the longest one in progress). The candidates are ordered by
+taking from the banks in turn, the fullest bank first, the best candidate of each (fairseq's
+"stripes"), so the fullest bank always advances; as in the plain search, the first K that end in
+eos finish and the first K others live on. A hypothesis may end only once all its phrases are
+met.
 
 A phrase matches only where the output has its very pieces: one encoded on its own may be
 segmented otherwise inside a sentence (as in fairseq and Post & Vilar's search).
@@ -52,8 +54,8 @@ class Constraints:
 
     ``phrases[i]`` are sentence i's (possibly none). Ids must be generated ones: not pad, bos or
     eos, below ``vocab_size``. The state follows the search: :meth:`ban_eos` before a step's
-    candidates are drawn, :meth:`select` to choose its live beams, :meth:`keep` when sentences
-    leave the batch.
+    candidates are drawn, :meth:`candidates` to draw them, :meth:`keep_beams` once its live beams
+    are chosen, :meth:`keep` when sentences leave the batch.
     """
 
     def __init__(
@@ -147,7 +149,7 @@ class Constraints:
         stripes = self.most + 2
         turn = rank * stripes + (self.most - bank_sorted)
         turn = turn.masked_fill(bank_sorted.lt(0), stripes * order.size(1))  # -inf: last
-        turn, pick = turn.topk(cand_scores.size(1), dim=1, largest=False)
+        pick = turn.topk(cand_scores.size(1), dim=1, largest=False).indices
         chosen = order.gather(1, pick)  # (n, 2K) in turn
         index = chosen.unsqueeze(-1).expand(-1, -1, met.size(-1))
         self.drawn = met.gather(1, index), progress.gather(1, index)  # (n, 2K, C) each
