@@ -4,12 +4,14 @@ of phrases met, and translations that hold their phrases."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from tests.test_evaluate import lines, trained  # noqa: F401 (the trained fixture)
-from tests.tiny import compose_eval_cfg
+from tests.tiny import REPO, compose_eval_cfg
 from transformer.checkpoints import (
     load_checkpoint,
     model_from_checkpoint,
@@ -93,6 +95,13 @@ def test_evaluate_places_the_constraints_and_reports_the_share_met(trained, tmp_
     result = evaluate(compose_eval_cfg(overrides, tmp_path / "file"))
     assert lines(tmp_path / "o.txt") == hyps
     assert result["constraints"]["met"] == met
+    printed = subprocess.run(
+        [sys.executable, "evaluate.py", *options, f"constraints={path}",
+         f"hydra.run.dir={tmp_path / 'printed'}"],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert printed.returncode == 0, printed.stderr
+    assert f"constraints met = 100.0% ({total} of {total} phrases)" in printed.stdout
 
 
 @pytest.mark.slow
