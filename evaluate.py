@@ -52,6 +52,9 @@ def main(cfg: DictConfig) -> None:
     print(f"BLEU = {result['bleu']:.2f}  {result['signature']['bleu']}")
     print(f"BLEU lowercased = {result['bleu_lc']:.2f}  {result['signature']['bleu_lc']}")
     print(f"chrF = {result['chrf']:.2f}  {result['signature']['chrf']}")
+    if "constraints" in result:
+        met, total = result["constraints"]["met"], result["constraints"]["total"]
+        print(f"constraints met = {100 * met / max(total, 1):.1f}% ({met} of {total} phrases)")
     seconds = result["translate_seconds"]
     print(f"translated in {seconds:.1f} s by {result['engine']} on {result['device']} "
           f"({result['dtype']}), "

@@ -23,6 +23,7 @@ from transformer.errors import ConfigError, DataError
 from transformer.export.ct2_translate import CT2Translator
 from transformer.outputs import check_not_input
 from transformer.streaming import append_chunks, whole_items
+from transformer.terminology import constraints_met, read_constraints
 from transformer.translate import Translator, output_lines
 
 log = logging.getLogger(__name__)
@@ -115,12 +116,25 @@ def translate_file(
 ) -> dict[str, Any]:
     """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
     path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
+    wanted, met = None, [0, 0]  # constraints=FILE: each line's phrases; phrases met, phrases
+    if cfg.get("constraints") is not None:
+        count = _line_count(str(cfg.input), read_through=True)
+        wanted = read_constraints(str(cfg.constraints), count, f"input={cfg.input}")
 
     def translate(lines: list[str], first: int) -> list[str]:
-        return output_lines(translator.translate(lines, options, max_tokens, first), options)
+        phrases = None if wanted is None else wanted[first : first + len(lines)]
+        out = translator.translate(lines, options, max_tokens, first, constraints=phrases)
+        if phrases is not None:
+            counts = constraints_met([t[0].text for t in out], phrases, translator.tgt_tokenizer)
+            met[:] = [met[0] + counts[0], met[1] + counts[1]]
+        return output_lines(out, options)
 
     written = append_chunks(path, chunks, translate, total, done)
-    return {"output": str(path), "lines": done + written, "resumed_at": done}
+    result = {"output": str(path), "lines": done + written, "resumed_at": done}
+    if wanted is not None:  # of the lines translated by this run
+        log.info("constraints met: %d of %d phrases", *met)
+        result["constraints"] = {"file": str(cfg.constraints), "met": met[0], "total": met[1]}
+    return result
 
 
 def score_pairs(

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import torch
 
 from transformer.data.collate import encode_sources, encode_targets, pad
-from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer, word_index
+from transformer.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer, word_index
 from transformer.decoding import (
     DecodeOptions,
     Hypothesis,
@@ -21,6 +21,7 @@ from transformer.decoding import (
 )
 from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
 from transformer.decoding.scoring import token_log_probs
+from transformer.errors import ConfigError, DataError
 
 
 def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
@@ -49,6 +50,7 @@ class Translation:
     score: float | None  # log-probability / length ** len_penalty; None: a blank line's, or
     # CTranslate2's greedy translation (it returns no score)
     alignment: str | None = None  # "0-0 1-2 ...": source-target word pairs (decode.alignment)
+    constraints_met: bool | None = None  # with constraints: it holds every phrase's pieces
 
 
 def output_lines(translations: list[list[Translation]], options: DecodeOptions) -> list[str]:
@@ -73,14 +75,21 @@ def search(
     options: DecodeOptions,
     src_pad_mask: torch.Tensor | None = None,
     sentence_ids: torch.Tensor | None = None,
+    constraints: list[list[list[int]]] | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode source ids (B, S) with the search ``options.strategy`` names; ``sentence_ids`` (B,)
-    number the sentences for sampling's random draws (default 0..B-1)."""
+    number the sentences for sampling's random draws (default 0..B-1); ``constraints``: each
+    sentence's target phrases (beam search only, :mod:`transformer.decoding.constraints`)."""
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask)
+    if constraints is not None and options.strategy != "beam":
+        raise ConfigError(
+            f"constraints need beam search; decode.strategy={options.strategy} cannot place "
+            "them: set decode.strategy=beam"
+        )
     if options.strategy == "greedy":
         return greedy_decode(model, src, options, **ids)
     if options.strategy == "beam":
-        return beam_search(model, src, options, **ids)
+        return beam_search(model, src, options, **ids, constraints=constraints)
     return sample(model, src, options, **ids, sentence_ids=sentence_ids)
 
 
@@ -115,17 +124,32 @@ class Translator:
         self.pad_id = self.model.cfg.pad_id
 
     def translate(
-        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096, first_line: int = 0
+        self,
+        lines: list[str],
+        options: DecodeOptions,
+        max_tokens: int = 4096,
+        first_line: int = 0,
+        constraints: list[list[str]] | None = None,
     ) -> list[list[Translation]]:
         """Each line's ``options.nbest`` translations, best first; blank lines give "". Batches
         hold at most ``max_tokens`` source tokens, padding included. Line i is sentence
-        ``first_line + i`` for sampling's draws (its line number in a file read in chunks)."""
+        ``first_line + i`` for sampling's draws (its line number in a file read in chunks).
+        ``constraints[i]``: phrases line i's translations must contain (beam search only; see
+        :meth:`constraint_ids`)."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
+        phrases = None
+        if constraints is not None:
+            if len(constraints) != len(lines):
+                raise ValueError(f"{len(constraints)} lists of constraints for {len(lines)} lines")
+            phrases = [
+                self.constraint_ids(c, first_line + i + 1) for i, c in enumerate(constraints)
+            ]
         for batch in length_batches({i: len(x) for i, x in ids.items()}, max_tokens):
             src = pad([ids[i] for i in batch], self.pad_id, self.device)
             numbers = torch.tensor([first_line + i for i in batch], device=self.device)
-            hyps = search(self.models, src, options, sentence_ids=numbers)
+            wanted = None if phrases is None else [phrases[i] for i in batch]
+            hyps = search(self.models, src, options, sentence_ids=numbers, constraints=wanted)
             alignments = self._align(src, hyps, options) if options.alignment else None
             for k, (i, sentence) in enumerate(zip(batch, hyps, strict=True)):
                 results[i] = [
@@ -133,10 +157,26 @@ class Translator:
                         self.tgt_tokenizer.decode(h.tokens),
                         h.score,
                         alignments[k][j] if alignments is not None else None,
+                        h.constraints_met,
                     )  # fmt: skip
                     for j, h in enumerate(sentence)
                 ]
         return results
+
+    def constraint_ids(self, phrases: list[str], line: int) -> list[list[int]]:
+        """Each phrase's target pieces, encoded on its own: it matches only where the
+        translation is segmented the same way. ``line`` numbers the input line in errors."""
+        out = []
+        for phrase in phrases:
+            encoded = self.tgt_tokenizer.encode(phrase)
+            if not encoded or UNK_ID in encoded:
+                what = "is empty" if not encoded else "has characters the target vocabulary lacks"
+                raise DataError(
+                    f"line {line}: constraint {phrase!r} {what} (its SentencePiece pieces: "
+                    f"{self.tgt_tokenizer.pieces(encoded)}); give a phrase the model can write"
+                )
+            out.append(encoded)
+        return out
 
     def _align(
         self, src: torch.Tensor, hyps: list[list[Hypothesis]], options: DecodeOptions

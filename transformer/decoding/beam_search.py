@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer.decoding.constraints import Constraints, Phrases, contains
 from transformer.decoding.options import DecodeOptions
 from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
 from transformer.decoding.step import (
@@ -43,6 +44,7 @@ def beam_search(
     src_pad_mask: Tensor | None = None,
     max_lengths: Tensor | None = None,
     use_cache: bool = True,
+    constraints: Phrases | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src`` (B, S); return each sentence's ``options.nbest`` hypotheses, best first.
 
@@ -53,6 +55,11 @@ def beam_search(
     ``max_len_a`` and ``max_len_b`` (length-controlled decoding). ``options.strategy`` is not
     read: this is the beam search. ``model``: one model, or a list of them searched as an
     ensemble (their mean probabilities).
+
+    ``constraints[i]``: phrases (lists of target ids) that sentence i's translations must contain
+    (:mod:`transformer.decoding.constraints`); a hypothesis then ends only once it holds them all,
+    unless its sentence reaches its length limit with none that does: then its best ends anyway,
+    its ``constraints_met`` False.
     """
     models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
     pad_id, len_penalty = models[0].cfg.pad_id, options.len_penalty
@@ -76,6 +83,8 @@ def beam_search(
         order_eos = order + 2 * K  # an eos candidate ranks after every other
         first_rows = torch.arange(B, device=device).unsqueeze(1)  # (n, 1) k * its first row
         bans = TokenBans(options, pad_id, bos_id, eos_id, device)
+        special = (pad_id, bos_id, eos_id)
+        phrases = Constraints.of(constraints, B, models[0].cfg.tgt_vocab_size, special, device)
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
@@ -85,6 +94,8 @@ def beam_search(
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
             lprobs = lprobs.view(n, k, V)  # a fresh tensor: changed in place below
             last = t >= max_len  # (n,) at its length limit a sentence can only end
+            if phrases is not None:
+                phrases.ban_eos(lprobs, eos_id, last, fin_scores[:, 0].gt(float("-inf")))
             eos_scores = lprobs[..., eos_id] + scores  # (n, k) its candidates then
             # The others draw from every token; a sentence at its limit from its beams' eos.
             lprobs.add_(scores.masked_fill(last.unsqueeze(1), float("-inf")).unsqueeze(-1))
@@ -96,6 +107,10 @@ def beam_search(
             cand_scores = torch.where(at_limit, limit_scores, cand_scores)
             cand_beam = torch.where(at_limit, F.pad(limit_beam, pad), cand_beam)
             cand_tok = cand_tok.masked_fill_(at_limit, eos_id)
+            if phrases is not None:  # the candidates by dynamic beam allocation instead
+                cand_scores, cand_beam, cand_tok = phrases.candidates(
+                    lprobs, cand_scores, cand_beam, cand_tok
+                )
 
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
@@ -116,9 +131,12 @@ def beam_search(
             # Continue with the best K candidates that did not end in eos.
             is_eos = cand_tok.eq(eos_id)
             live = torch.where(is_eos, order_eos, order).topk(K, dim=1, largest=False).indices
-            scores = cand_scores.gather(1, live)  # (n, K)
-            rows = first_rows + cand_beam.gather(1, live)
-            prefixes = torch.cat([prefixes[rows.view(-1)], cand_tok.gather(1, live).view(-1, 1)], 1)
+            scores, beam = cand_scores.gather(1, live), cand_beam.gather(1, live)  # (n, K)
+            token = cand_tok.gather(1, live)
+            if phrases is not None:
+                phrases.keep_beams(live)
+            rows = first_rows + beam
+            prefixes = torch.cat([prefixes[rows.view(-1)], token.view(-1, 1)], 1)
             if t == 0:  # the first step: each sentence's row becomes its K beams' rows
                 stepper.expand_beams(K)
                 rows = torch.arange(n * K, device=device).view(n, K)
@@ -146,6 +164,8 @@ def beam_search(
             stepper.reorder(rows[keep].view(-1), sentences=keep)
             sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
+            if phrases is not None:
+                phrases.keep(keep)
             prefixes = prefixes.view(n, K, t + 2)[keep].view(-1, t + 2)
             first_rows = K * torch.arange(size, device=device).unsqueeze(1)
             if size > n_live:  # padding sentences: done from the start, their output dropped
@@ -154,7 +174,12 @@ def beam_search(
         out_tokens[sentence] = fin_tokens
 
     nbest = options.nbest
-    return _hypotheses(out_scores[:B, :nbest].cpu(), out_tokens[:B, :nbest].cpu(), eos_id)
+    hyps = _hypotheses(out_scores[:B, :nbest].cpu(), out_tokens[:B, :nbest].cpu(), eos_id)
+    if phrases is not None:
+        for sentence_hyps, wanted in zip(hyps, constraints, strict=True):
+            for h in sentence_hyps:
+                h.constraints_met = all(contains(h.tokens, p) for p in wanted)
+    return hyps
 
 
 def _hypotheses(scores: Tensor, tokens: Tensor, eos_id: int) -> list[list[Hypothesis]]:

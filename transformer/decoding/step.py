@@ -69,6 +69,7 @@ class Hypothesis:
 
     tokens: list[int]  # generated ids, without bos and eos
     score: float | None  # log-probability (eos included) / length (eos included) ** len_penalty
+    constraints_met: bool | None = None  # beam search with constraints: it holds every phrase
 
 
 def max_output_lengths(
