@@ -21,7 +21,9 @@ always fits. No pair is dropped or cut.
 from __future__ import annotations
 
 import copy
+import hashlib
 import logging
+import struct
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -113,9 +115,10 @@ def sampling_options(options: Mapping[str, Any] | None, model_type: str) -> SpmS
 
 
 def draw_seed(*key: int) -> int:
-    """A 32-bit seed for SentencePiece's sampler from non-negative ints, below 2**32 - 1
-    (which SentencePiece takes for "no seed")."""
-    return int(np.random.SeedSequence(key).generate_state(1)[0]) % 0xFFFFFFFF
+    """A 32-bit seed for SentencePiece's sampler from 64-bit ints (a hash of them), below
+    2**32 - 1 (which SentencePiece takes for "no seed")."""
+    digest = hashlib.blake2b(struct.pack(f"<{len(key)}q", *key), digest_size=8).digest()
+    return int.from_bytes(digest, "little") % 0xFFFFFFFF
 
 
 @dataclass(frozen=True)
