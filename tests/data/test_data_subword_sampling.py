@@ -248,7 +248,8 @@ def test_a_tokenizer_that_cannot_sample_is_refused(corpus_dir, dm_kwargs, tmp_pa
 @pytest.mark.slow
 def test_training_with_sampling_learns(corpus, tmp_path):
     overrides = [*tiny_overrides(corpus), "data.spm_sampling.alpha=0.2", "trainer.max_steps=30",
-                 "trainer.val_check_interval=30", "trainer.check_val_every_n_epoch=null"]  # fmt: skip
+                 "trainer.val_check_interval=30",
+                 "trainer.check_val_every_n_epoch=null"]  # fmt: skip
     train(compose_cfg(overrides, tmp_path))
     losses = logged(tmp_path, "train/loss")
     assert len(losses) == 30 and np.mean(losses[-5:]) < np.mean(losses[:5]) - 0.5, losses
