@@ -189,7 +189,11 @@ class SampledSplit(Dataset):
         )
         return sid, src, tgt
 
-    def _side(self, ids: np.ndarray, tok: Tokenizer, key: tuple[int, ...], limit: int):
+    def _side(
+        self, ids: np.ndarray, tok: Tokenizer, key: tuple[int, ...], limit: int
+    ) -> np.ndarray:
+        """A draw of the side ``ids`` seeded by ``key`` that fits ``limit`` (with bos/eos), or
+        ``ids`` when :data:`REDRAWS` + 1 draws do not."""
         for attempt in range(REDRAWS + 1):
             seed = draw_seed(*key, attempt)
             drawn = tok.resample(ids, self.sampling.alpha, self.sampling.nbest, seed)
