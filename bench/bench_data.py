@@ -3,6 +3,12 @@ throughput in batches/s.
 
     MULTI30K_DIR=../shared/data/multi30k python bench/bench_data.py
     python bench/bench_data.py --root ../shared/data/multi30k --num-workers 0 2 --model-steps 3
+    python bench/bench_data.py --root ../shared/data/multi30k --num-workers 0 \
+        --spm-sampling none 0.1,64 0.1,-1
+
+``--spm-sampling``: the loader with ``data.spm_sampling`` at each ``alpha[,nbest]`` (``none``:
+off; with ``--spm-model-type bpe``, ``alpha`` alone), and the draws a side takes (1 + the share
+drawn again for their batch's budget).
 
 The cold build (SentencePiece training, tokenizing, saving) goes into a fresh temporary cache
 directory; the cached build is a new datamodule over the same directory. Imports are not timed.
@@ -21,30 +27,45 @@ from transformer.data.datamodule import TranslationDataModule
 log = logging.getLogger("bench_data")
 
 
-def build(args: argparse.Namespace, cache_dir: str, num_workers: int) -> TranslationDataModule:
+def build(
+    args: argparse.Namespace, cache_dir: str, num_workers: int, sampling: str = "none"
+) -> TranslationDataModule:
     dm = TranslationDataModule(
         source="multi30k", root=args.root, download=False, src_lang=args.src, tgt_lang=args.tgt,
         vocab_size=args.vocab_size, spm_model_type=args.spm_model_type,
         max_tokens=args.max_tokens, num_workers=num_workers, cache_dir=cache_dir,
+        spm_sampling=sampling_options(sampling),
     )  # fmt: skip
     dm.prepare_data()
     dm.setup("fit")
     return dm
 
 
-def throughput(dm: TranslationDataModule, epochs: int) -> tuple[float, int, float]:
-    """(batches/s, batches per epoch, mean real tokens per batch) over ``epochs`` epochs, after
-    one untimed warm-up batch (worker start-up)."""
+def sampling_options(spec: str) -> dict | None:
+    """``alpha[,nbest]`` as ``data.spm_sampling``; ``none``: None."""
+    if spec == "none":
+        return None
+    alpha, *nbest = spec.split(",")
+    return {"alpha": float(alpha), **({"nbest": int(nbest[0])} if nbest else {})}
+
+
+def throughput(
+    dm: TranslationDataModule, epochs: int, draws: DrawCounter
+) -> tuple[float, int, float, float]:
+    """(batches/s, batches per epoch, mean real tokens per batch, draws a side) over ``epochs``
+    epochs, after one untimed warm-up batch (worker start-up)."""
     loader = dm.train_dataloader()
     next(iter(loader))
-    n, tokens = 0, 0
+    n, tokens, pairs, drawn = 0, 0, 0, draws.count
     start = time.perf_counter()
     for epoch in range(1, epochs + 1):
         loader.batch_sampler.set_epoch(epoch)
         for batch in loader:
             n += 1
             tokens += batch.num_tgt_tokens
-    return n / (time.perf_counter() - start), n // epochs, tokens / n
+            pairs += int((batch.ids >= 0).sum())
+    seconds = time.perf_counter() - start
+    return n / seconds, n // epochs, tokens / n, (draws.count - drawn) / (2 * pairs)
 
 
 def step_time(dm: TranslationDataModule, steps: int) -> float:
@@ -86,6 +107,21 @@ def step_time(dm: TranslationDataModule, steps: int) -> float:
     return sum(times[1:]) / steps
 
 
+class DrawCounter:
+    """Counts :meth:`Tokenizer.resample` calls in this process (num_workers=0)."""
+
+    def __init__(self) -> None:
+        from transformer.data.tokenizer import Tokenizer
+
+        self.count, resample = 0, Tokenizer.resample
+
+        def counted(tok, *args):
+            self.count += 1
+            return resample(tok, *args)
+
+        Tokenizer.resample = counted
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--root", default=os.environ.get("MULTI30K_DIR"))
@@ -97,11 +133,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--num-workers", type=int, nargs="+", default=[0, 2])
     parser.add_argument("--model-steps", type=int, default=0, help="time this many training steps")
+    parser.add_argument("--spm-sampling", nargs="+", default=["none"], metavar="ALPHA[,NBEST]")
     args = parser.parse_args()
     if not args.root:
         parser.error("pass --root DIR or set MULTI30K_DIR to the Multi30k files")
     logging.basicConfig(level=logging.WARNING, format="%(message)s")
     log.setLevel(logging.INFO)
+    logging.getLogger("transformer.data.subword_sampling").setLevel(logging.INFO)  # its growth
     log.info("cpu cores: %s, %s-%s, vocab %d", os.cpu_count(), args.src, args.tgt, args.vocab_size)
     with tempfile.TemporaryDirectory() as cache_dir:
         start = time.perf_counter()
@@ -110,12 +148,17 @@ def main() -> None:
         start = time.perf_counter()
         build(args, cache_dir, 0)
         log.info("cached build: %.3f s", time.perf_counter() - start)
-        for workers in args.num_workers:
-            rate, per_epoch, tokens = throughput(build(args, cache_dir, workers), args.epochs)
-            log.info(
-                "loader, max_tokens=%d, num_workers=%d: %.0f batches/s (%d batches/epoch, "
-                "%.0f target tokens/batch)", args.max_tokens, workers, rate, per_epoch, tokens,
-            )  # fmt: skip
+        draws = DrawCounter()
+        for sampling in args.spm_sampling:
+            for workers in args.num_workers:
+                dm = build(args, cache_dir, workers, sampling)
+                rate, per_epoch, tokens, per_side = throughput(dm, args.epochs, draws)
+                log.info(
+                    "loader, max_tokens=%d, spm_sampling=%s, num_workers=%d: %.0f batches/s "
+                    "(%d batches/epoch, %.0f target tokens/batch%s)", args.max_tokens, sampling,
+                    workers, rate, per_epoch, tokens,
+                    f", {per_side:.3f} draws a side" if per_side else "",
+                )  # fmt: skip
         if args.model_steps:
             seconds = step_time(build(args, cache_dir, 0), args.model_steps)
             log.info("Transformer-base training step: %.3f s (%.2f steps/s)", seconds, 1 / seconds)

@@ -75,6 +75,16 @@ LEVERS: dict[str, list[str]] = {
     "lr1e-2": ["optim.optimizer.lr=1.0e-2"],
     # half the recipe's 4096-token batches: twice the updates for the same tokens, each noisier
     "tokens2048": ["data.max_tokens=2048"],
+    # subword regularisation (docs/data.md): Kudo (2018)'s small-corpus setting, the 64 best
+    # segmentations at alpha 0.1; on Multi30k 1.1x the pieces (the whole lattice at 0.1: 1.9-2x),
+    # so the hour is not spent on much longer sequences, but its n-best search costs the loader a
+    # fifth to half of a core (docs/benchmarks.md, "Subword sampling in the loader")
+    "spm_sampling": ["data.spm_sampling.alpha=0.1", "data.spm_sampling.nbest=64"],
+    # the whole lattice at Kudo's alpha 0.2: 1.3x the pieces, under a tenth of a core
+    "spm_lattice": ["data.spm_sampling.alpha=0.2"],
+    # BPE-dropout (Provilkov et al. 2020, p=0.1) against a BPE vocabulary of the recipe's size
+    "bpe": ["data.spm_model_type=bpe"],
+    "bpe_dropout": ["data.spm_model_type=bpe", "data.spm_sampling.alpha=0.1"],
 }
 
 

@@ -111,6 +111,7 @@ DATA_KEYS = {
     "joint_vocab": True, "spm_train_sentences": 500_000, "max_tokens": 4096, "batch_size": 64,
     "max_len": 128, "pad_to_multiple": 1, "num_buckets": 0, "num_workers": 2, "seed": 1234,
     "cache_dir": "data/cache", "prepare_per_node": True, "corpora": None, "target_token": False,
+    "spm_sampling": {"alpha": None, "nbest": None},
 }  # fmt: skip
 DATA_SOURCES = {
     "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,
@@ -200,6 +201,7 @@ def test_misspelt_option_is_named():
         ("+trainer.max_time=00:00:00:00", "trainer.max_time='00:00:00:00': training would end"),
         ("validation.max_tokens=64", r"validation\.max_tokens=64 needs .* max_len=128 pieces"),
         ("validation.max_tokens=big", "validation.max_tokens must be a whole number or null"),
+        ("data.spm_sampling.alpha=2", r"data\.spm_sampling\.alpha=2 is out of range: .*alpha=null"),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):

@@ -1,5 +1,5 @@
 """An interrupted Lightning run resumed from a mid-epoch checkpoint sees exactly the batches of an
-uninterrupted one."""
+uninterrupted one (with subword sampling, the same segmentations too)."""
 
 from __future__ import annotations
 
@@ -16,10 +16,11 @@ class RecordBatches(L.LightningModule):
     def __init__(self) -> None:
         super().__init__()
         self.w = torch.nn.Parameter(torch.zeros(1))
-        self.seen: list[tuple[int, tuple[int, ...]]] = []
+        self.seen: list[tuple[int, tuple[int, ...], list, list]] = []
 
     def training_step(self, batch, batch_idx):
-        self.seen.append((self.current_epoch, tuple(batch.ids.tolist())))
+        tokens = batch.src.tolist(), batch.labels.tolist()
+        self.seen.append((self.current_epoch, tuple(batch.ids.tolist()), *tokens))
         return (self.w * batch.src.float().mean()).sum()
 
     def validation_step(self, batch, batch_idx):
@@ -27,6 +28,12 @@ class RecordBatches(L.LightningModule):
 
     def configure_optimizers(self):
         return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+def segmentations(seen: list[tuple]) -> dict[int, tuple[tuple[int, ...], tuple[int, ...]]]:
+    """Each pair's source and labels in the batches ``seen``, without padding (id 0)."""
+    rows = [zip(ids, src, labels, strict=True) for _, ids, src, labels in seen]
+    return {i: (tuple(filter(None, s)), tuple(filter(None, t))) for r in rows for i, s, t in r}
 
 
 def fit(dm_kwargs, root_dir, ckpt_path=None, **trainer_kwargs) -> RecordBatches:
@@ -43,12 +50,16 @@ def fit(dm_kwargs, root_dir, ckpt_path=None, **trainer_kwargs) -> RecordBatches:
 
 
 @pytest.mark.slow
-def test_mid_epoch_resume_is_exact(corpus_dir, dm_kwargs, tmp_path):
-    dm_kwargs = dict(dm_kwargs, source="local", root=str(corpus_dir))
+@pytest.mark.parametrize("sampling", [None, {"alpha": 0.1}], ids=["cached", "spm_sampling"])
+def test_mid_epoch_resume_is_exact(corpus_dir, dm_kwargs, tmp_path, sampling):
+    dm_kwargs = dict(dm_kwargs, source="local", root=str(corpus_dir), spm_sampling=sampling)
     full = fit(dm_kwargs, tmp_path)
-    per_epoch = sum(1 for epoch, _ in full.seen if epoch == 0)
+    per_epoch = sum(1 for seen in full.seen if seen[0] == 0)
     assert len(full.seen) == 2 * per_epoch  # Lightning starts the second epoch afresh
     assert full.seen[0][1] != full.seen[per_epoch][1]  # reshuffled
+    if sampling:  # pairs segmented anew in the second epoch
+        first, second = segmentations(full.seen[:per_epoch]), segmentations(full.seen[per_epoch:])
+        assert sum(first[i] != second[i] for i in first) > 30
 
     stop = per_epoch + 5  # a checkpoint in the middle of the second epoch
     ckpt = L.pytorch.callbacks.ModelCheckpoint(

@@ -18,6 +18,7 @@ from transformer.data.collate import Buckets, Collator, padded_sizes
 from transformer.data.corpora import Corpus, CorpusTexts, make_corpora
 from transformer.data.prepare import check_batching, prepare, tokenizer_files
 from transformer.data.sampler import TokenBudgetBatchSampler
+from transformer.data.subword_sampling import RowLimit, SampledSplit, sampling_options
 from transformer.data.token_cache import ConcatSplit, TokenizedSplit
 from transformer.data.tokenizer import PAD_ID, SPM_TRAIN_SENTENCES, Tokenizer
 from transformer.errors import ConfigError, UserError
@@ -43,6 +44,10 @@ class TranslationDataModule(L.LightningDataModule):
     training samples them by their weights, and validation and test run per direction
     (:attr:`directions`; the stage aliases ``val``/``test`` then take a ``direction``, the first
     by default).
+
+    ``spm_sampling`` (``alpha``, ``nbest``; alpha null: off) segments the training pairs anew each
+    epoch, in the loader workers (:mod:`transformer.data.subword_sampling`); validation and test
+    keep the cached deterministic segmentation.
     """
 
     def __init__(
@@ -74,11 +79,15 @@ class TranslationDataModule(L.LightningDataModule):
         prepare_per_node: bool = True,
         corpora: list[dict[str, Any]] | None = None,
         target_token: bool = False,
+        spm_sampling: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         check_batching(max_len, max_tokens, batch_size, num_buckets, eval_max_tokens)
         if corpora is not None:  # plain lists and dicts: checkpoints load no Hydra containers
             corpora = [dict(e) if isinstance(e, Mapping) else e for e in corpora]
+        if spm_sampling is not None:
+            spm_sampling = dict(spm_sampling)
+        self.sampling = sampling_options(spm_sampling, spm_model_type)  # None: off
         self.save_hyperparameters()  # stored in checkpoints: evaluation reads the same corpus
         # Lightning's switch: True builds the caches on every node (local disks), False on the
         # first node only (a cache_dir on a file system all nodes share).
@@ -103,6 +112,7 @@ class TranslationDataModule(L.LightningDataModule):
         self._splits: dict[tuple[int, str], TokenizedSplit] = {}  # (corpus, split) ->
         self._train: TokenizedSplit | ConcatSplit | None = None  # all training pairs
         self._train_parts: list[TokenizedSplit] = []  # each corpus's
+        self._train_keys: list[tuple[int, str]] = []  # their (corpus, split)
         self.src_tokenizer: Tokenizer | None = None
         self.tgt_tokenizer: Tokenizer | None = None
         self._checkpoint_tokenizers: tuple[Tokenizer, Tokenizer] | None = None
@@ -153,9 +163,15 @@ class TranslationDataModule(L.LightningDataModule):
             self._checkpoint_tokenizers,
         )  # fmt: skip
         self.src_tokenizer, self.tgt_tokenizer = done.src_tokenizer, done.tgt_tokenizer
-        self._splits = done.splits
+        self._splits, self._train_keys = done.splits, done.trains
         parts = self._train_parts = [done.splits[key] for key in done.trains]
         self._train = parts[0] if len(parts) == 1 else ConcatSplit(parts)
+        if self.sampling is not None:  # the tokenizers may be a checkpoint's, of another kind
+            for tok in (self.src_tokenizer, self.tgt_tokenizer):
+                try:
+                    sampling_options(self.hparams.spm_sampling, tok.model_type)
+                except ValueError as err:
+                    raise ConfigError(f"tokenizer {tok.model_path.name}: {err}") from err
 
     def prepare_data(self) -> None:
         self._build()
@@ -183,29 +199,46 @@ class TranslationDataModule(L.LightningDataModule):
             split = self.split(name, direction)
             split.check_fits(where, max_positions, self.max_tokens, self.pad_to_multiple)
 
-    def train_buckets(self) -> Buckets | None:
+    def train_buckets(self, sizes: tuple[np.ndarray, np.ndarray] | None = None) -> Buckets | None:
         """The shapes training batches are padded to (``num_buckets`` of them, at quantiles of
-        the training pairs' lengths), or None (``num_buckets=0``)."""
+        the training pairs' row ``sizes``, source and target, by default the cached ones), or
+        None (``num_buckets=0``)."""
         if not self.num_buckets:
             return None
-        data = self.split("train")
-        sizes = np.maximum(*padded_sizes(data.src_lens, data.tgt_lens))
+        if sizes is None:
+            data = self.split("train")
+            sizes = padded_sizes(data.src_lens, data.tgt_lens)
         return Buckets.at_quantiles(
-            sizes, self.num_buckets, self.pad_to_multiple, self.max_tokens, self.batch_size
-        )
+            np.maximum(*sizes), self.num_buckets, self.pad_to_multiple, self.max_tokens,
+            self.batch_size,
+        )  # fmt: skip
+
+    def sampled_train(self) -> SampledSplit:
+        """The training pairs segmented anew each epoch (``spm_sampling``), each corpus's with
+        its tokenizers; its rows within ``max_len`` only (:meth:`SampledSplit.within`)."""
+        parts = [
+            (self._splits[c, s], self.src_tokenizer.with_prefix(self.texts.prefix(c, s)),
+             self.tgt_tokenizer)
+            for c, s in self._train_keys
+        ]  # fmt: skip
+        return SampledSplit(parts, self.sampling, self.seed, RowLimit(self.max_len))
 
     def _loader(
         self,
-        data: TokenizedSplit | ConcatSplit,
+        data: TokenizedSplit | ConcatSplit | SampledSplit,
         max_tokens: int | None,
         shuffle: bool = False,
         weights: list[tuple[int, float]] | None = None,
         buckets: Buckets | None = None,
+        sizes: tuple[np.ndarray, np.ndarray] | None = None,
     ) -> DataLoader:
+        """Batches of ``data`` planned for ``sizes`` (source and target rows; by default the
+        cached ones)."""
         sampler = TokenBudgetBatchSampler(
-            *padded_sizes(data.src_lens, data.tgt_lens), max_tokens=max_tokens,
+            *(sizes or padded_sizes(data.src_lens, data.tgt_lens)), max_tokens=max_tokens,
             batch_size=self.batch_size, shuffle=shuffle, seed=self.seed,
             pad_to_multiple=self.pad_to_multiple, weights=weights, buckets=buckets,
+            epochs=isinstance(data, SampledSplit),
         )  # fmt: skip
         # Each iterator draws its workers' seed from ``generator``: without one it would draw from
         # torch's global stream, which dropout uses, so a validation loader started after a
@@ -226,11 +259,19 @@ class TranslationDataModule(L.LightningDataModule):
         if any(c.weight != 1 for c in self.corpora):
             parts = zip(self._train_parts, self.corpora, strict=True)
             weights = [(len(part), corpus.weight) for part, corpus in parts]
-        buckets = self.train_buckets()
+        data, sizes = self.split("train"), None
+        if self.sampling is not None:  # batches planned for the lengths sampling draws
+            data = self.sampled_train()
+            sizes = data.planned_sizes(*padded_sizes(data.data.src_lens, data.data.tgt_lens))
+        buckets = self.train_buckets(sizes)
         if buckets is not None:
             shapes = len(buckets.lengths)
             log.info("training batches padded to %d shapes (rows x length): %s", shapes, buckets)
-        loader = self._loader(self.split("train"), self.max_tokens, True, weights, buckets)
+        if isinstance(data, SampledSplit):
+            data = data.within(
+                RowLimit(self.max_len, self.max_tokens, self.pad_to_multiple, buckets)
+            )
+        loader = self._loader(data, self.max_tokens, True, weights, buckets, sizes)
         self._train_sampler = loader.batch_sampler
         if self._sampler_state is not None:
             self._train_sampler.load_state_dict(self._sampler_state)

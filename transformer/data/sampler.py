@@ -43,6 +43,9 @@ class TokenBudgetBatchSampler:
             None: each example once.
         buckets: lengths are rounded up to a bucket's (:class:`Buckets`) instead of to
             ``pad_to_multiple``, as the collator pads them.
+        epochs: yield ``(epoch, indices)`` instead of ``indices``: the epoch travels with its
+            batch to the DataLoader worker that draws the batch's segmentations
+            (:class:`transformer.data.subword_sampling.SampledSplit`).
     """
 
     def __init__(
@@ -58,6 +61,7 @@ class TokenBudgetBatchSampler:
         rank: int | None = None,
         weights: Sequence[tuple[int, float]] | None = None,
         buckets: Buckets | None = None,
+        epochs: bool = False,
     ) -> None:
         src_sizes, tgt_sizes = np.asarray(src_sizes), np.asarray(tgt_sizes)
         if src_sizes.shape != tgt_sizes.shape:
@@ -77,7 +81,7 @@ class TokenBudgetBatchSampler:
         self.max_tokens, self.batch_size = max_tokens, batch_size
         self.shuffle, self.seed, self.pad_to_multiple = shuffle, seed, pad_to_multiple
         self.num_replicas, self.rank = num_replicas, rank
-        self.weights, self.buckets = weights, buckets
+        self.weights, self.buckets, self.epochs = weights, buckets, epochs
         self.epoch, self.position = 0, 0
         if max_tokens is not None and len(self.sizes):
             biggest = int(np.argmax(self.sizes))
@@ -114,7 +118,7 @@ class TokenBudgetBatchSampler:
     def __len__(self) -> int:
         return len(self._rank_batches())
 
-    def __iter__(self) -> Iterator[list[int]]:
+    def __iter__(self) -> Iterator[list[int] | tuple[int, list[int]]]:
         batches = self._rank_batches()
         if not self.shuffle:  # evaluation: no position to resume, every pass from the start
             self.position = 0
@@ -125,7 +129,8 @@ class TokenBudgetBatchSampler:
             batches = self._rank_batches()
         while self.position < len(batches):
             self.position += 1
-            yield batches[self.position - 1]
+            batch = batches[self.position - 1]
+            yield (self.epoch, batch) if self.epochs else batch
 
     def _rank_batches(self) -> list[list[int]]:
         if self._cache is None or self._cache[0] != self.epoch:

@@ -210,6 +210,11 @@ class ConcatSplit(Dataset):
     def __len__(self) -> int:
         return len(self.ids)
 
-    def __getitem__(self, i: int) -> Example:
+    def locate(self, i: int) -> tuple[int, int]:
+        """The part example ``i`` is in, and its index there."""
         k = int(np.searchsorted(self._starts, i, side="right")) - 1
-        return self.parts[k][i - int(self._starts[k])]
+        return k, i - int(self._starts[k])
+
+    def __getitem__(self, i: int) -> Example:
+        k, j = self.locate(i)
+        return self.parts[k][j]

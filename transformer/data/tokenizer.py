@@ -23,6 +23,7 @@ from typing import Any
 
 import numpy as np
 import sentencepiece as spm
+from sentencepiece import sentencepiece_model_pb2
 
 from transformer.atomic import atomic_write
 from transformer.data.spm_model import canonical_model, model_digest
@@ -100,6 +101,12 @@ class Tokenizer:
         """:func:`model_digest` of the model: equal for tokenizers that tokenize alike."""
         return model_digest(self.to_bytes())
 
+    @property
+    def model_type(self) -> str:
+        """The SentencePiece model's kind: ``unigram``, ``bpe``, ``word`` or ``char``."""
+        spec = sentencepiece_model_pb2.ModelProto.FromString(self.to_bytes()).trainer_spec
+        return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(spec.model_type).lower()
+
     def with_prefix(self, pieces: Sequence[str]) -> Tokenizer:
         """This tokenizer, but each non-empty encoding starts with ``pieces`` (a multilingual
         model's target token, a corpus's tag), which must be pieces of the model."""
@@ -125,6 +132,25 @@ class Tokenizer:
         if not self.prefix:
             return encoded
         return [[*self.prefix, *ids] if ids else ids for ids in encoded]
+
+    def resample(self, ids: Sequence[int], alpha: float, nbest: int, seed: int) -> list[int]:
+        """Another segmentation of the text that ``ids`` (this tokenizer's encoding, prefix
+        included) spell, drawn by SentencePiece's sampler: a unigram model's from the ``nbest``
+        best segmentations (-1: all of them) with probabilities proportional to their
+        likelihood to the power ``alpha``, a BPE model's by dropping each merge with probability
+        ``alpha`` (``nbest`` unused). The sampler's generator is seeded with ``seed`` (below
+        2**32 - 1) first: the same seed draws the same segmentation (sentencepiece >= 0.2.3
+        reseeds it; earlier ones seed each thread's once). Ids holding an unknown piece come
+        back as they are: the text of ``<unk>`` is lost."""
+        body = [int(i) for i in ids[len(self.prefix) :]]
+        if UNK_ID in body:
+            return [int(i) for i in ids]
+        spm.set_random_generator_seed(seed)
+        drawn = self._sp.encode(
+            self._sp.decode(body), out_type=int, enable_sampling=True, alpha=alpha,
+            nbest_size=nbest,
+        )  # fmt: skip
+        return [*self.prefix, *drawn] if drawn and self.prefix else drawn
 
     def decode(self, ids: Iterable[int]) -> str:
         """Ids -> text. Stops at the first eos, drops pad and bos; unk decodes as SentencePiece's
