@@ -21,6 +21,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.prefix import ForcedPrefix
 from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
@@ -43,6 +44,7 @@ def beam_search(
     src_pad_mask: Tensor | None = None,
     max_lengths: Tensor | None = None,
     use_cache: bool = True,
+    target_prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src`` (B, S); return each sentence's ``options.nbest`` hypotheses, best first.
 
@@ -52,10 +54,14 @@ def beam_search(
     hypotheses favoured more). ``max_lengths`` (B,) sets each sentence's maximum instead of
     ``max_len_a`` and ``max_len_b`` (length-controlled decoding). ``options.strategy`` is not
     read: this is the beam search. ``model``: one model, or a list of them searched as an
-    ensemble (their mean probabilities).
+    ensemble (their mean probabilities). ``target_prefix`` (B, P): each translation's given
+    start, the search running after it (:mod:`transformer.decoding.prefix`).
     """
     models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
     pad_id, len_penalty = models[0].cfg.pad_id, options.len_penalty
+    forced = ForcedPrefix.of(target_prefix, pad_id, bos_id, eos_id, options.score_prefix)
+    if forced is not None:
+        max_len = forced.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
     B, K, device = src.size(0), options.beam_size, src.device
     L = int(max_len.max()) + 1  # steps, eos included
     every = sync_interval(options, src)
@@ -79,7 +85,13 @@ def beam_search(
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
-            lprobs = bans(stepper.log_probs(prefixes), prefixes, t)  # (n * k, V)
+            lprobs = stepper.log_probs(prefixes)  # (n * k, V)
+            forcing = forced is not None and t < forced.steps
+            if forcing:  # a sentence in its prefix: each beam's one candidate, its token t
+                in_prefix = forced.at(lprobs, sentence.repeat_interleave(k), t)
+            lprobs = bans(lprobs, prefixes, t)
+            if forcing:
+                lprobs = forced.only(lprobs, *in_prefix)
             V = lprobs.size(-1)
             if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
