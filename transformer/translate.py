@@ -21,6 +21,7 @@ from transformer.decoding import (
 )
 from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
 from transformer.decoding.scoring import token_log_probs
+from transformer.errors import DataError
 
 
 def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
@@ -29,6 +30,28 @@ def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, 
     todo = [i for i, line in enumerate(lines) if line.strip()]
     encoded = encode_sources(tok, [lines[i] for i in todo], limit, [i + 1 for i in todo])
     return dict(zip(todo, encoded, strict=True))
+
+
+def target_prefixes(
+    tok: Tokenizer, lines: Sequence[str], prefixes: Sequence[str] | None, limit: int, first: int
+) -> list[list[int]] | None:
+    """Each line's prefix as target ids, without eos (None: no line has one); a prefix needs as
+    many lines as ``lines``, and at most ``limit - 1`` pieces (line ``first`` + 1 the first's
+    number in errors)."""
+    if prefixes is None:
+        return None
+    if len(prefixes) != len(lines):
+        raise DataError(f"{len(prefixes)} prefixes for {len(lines)} lines: give one a line")
+    if not any(p.strip() for p in prefixes):
+        return None
+    encoded = [tok.encode(p) if p.strip() else [] for p in prefixes]
+    for number, ids in enumerate(encoded, start=first + 1):
+        if len(ids) >= limit:
+            raise DataError(
+                f"the prefix of line {number} has {len(ids)} pieces; the model's translations "
+                f"take at most {limit - 1}: shorten it"
+            )
+    return encoded
 
 
 def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
@@ -73,10 +96,13 @@ def search(
     options: DecodeOptions,
     src_pad_mask: torch.Tensor | None = None,
     sentence_ids: torch.Tensor | None = None,
+    target_prefix: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode source ids (B, S) with the search ``options.strategy`` names; ``sentence_ids`` (B,)
-    number the sentences for sampling's random draws (default 0..B-1)."""
+    number the sentences for sampling's random draws (default 0..B-1); ``target_prefix`` (B, P),
+    padded: each translation's given start (:mod:`transformer.decoding.prefix`)."""
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask)
+    ids["target_prefix"] = target_prefix
     if options.strategy == "greedy":
         return greedy_decode(model, src, options, **ids)
     if options.strategy == "beam":
@@ -115,17 +141,31 @@ class Translator:
         self.pad_id = self.model.cfg.pad_id
 
     def translate(
-        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096, first_line: int = 0
+        self,
+        lines: list[str],
+        options: DecodeOptions,
+        max_tokens: int = 4096,
+        first_line: int = 0,
+        prefixes: list[str] | None = None,
     ) -> list[list[Translation]]:
         """Each line's ``options.nbest`` translations, best first; blank lines give "". Batches
         hold at most ``max_tokens`` source tokens, padding included. Line i is sentence
-        ``first_line + i`` for sampling's draws (its line number in a file read in chunks)."""
+        ``first_line + i`` for sampling's draws (its line number in a file read in chunks).
+        ``prefixes``, one a line (line-aligned): the start each translation must have ("" =
+        none), after which the search goes on (:mod:`transformer.decoding.prefix`)."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
+        forced = target_prefixes(
+            self.tgt_tokenizer, lines, prefixes, self.max_positions, first_line
+        )
         for batch in length_batches({i: len(x) for i, x in ids.items()}, max_tokens):
             src = pad([ids[i] for i in batch], self.pad_id, self.device)
             numbers = torch.tensor([first_line + i for i in batch], device=self.device)
-            hyps = search(self.models, src, options, sentence_ids=numbers)
+            target_prefix = None
+            if forced:
+                target_prefix = pad([forced[i] for i in batch], self.pad_id, self.device)
+            hyps = search(self.models, src, options, sentence_ids=numbers,
+                          target_prefix=target_prefix)  # fmt: skip
             alignments = self._align(src, hyps, options) if options.alignment else None
             for k, (i, sentence) in enumerate(zip(batch, hyps, strict=True)):
                 results[i] = [

@@ -100,6 +100,26 @@ def test_length_limits_count_the_prefix(strategy) -> None:
     assert [h[0].tokens for h in hyps] == [[C, C], [C, C, C, C]]
 
 
+def test_right_after_its_prefix_only_the_best_candidate_may_end() -> None:
+    """CTranslate2's rule (see ForcedPrefix.no_early_eos): eos, second after the prefix "C",
+    does not finish "C" (0.3), and its beam stays dead (so "C B" is not searched either): "C A
+    B" (0.2) comes second. Without a prefix, eos second at the first step finishes the empty
+    translation, as in unconstrained beam search."""
+    script = {
+        (): {A: 0.5, EOS: 0.3, B: 0.2},
+        (C,): {A: 0.5, EOS: 0.3, B: 0.2},
+        (C, A): {EOS: 0.6, B: 0.4},
+        (C, B): {EOS: 1.0},
+    }
+    options = dict(beam_size=2, nbest=2, min_len=0, len_penalty=0.0)
+    hyps = decode("beam", [[C], []], script, **options)
+    assert [h.tokens for h in hyps[0]] == [[C, A], [C, A, B]]
+    assert [h.tokens for h in hyps[1]] == [[A], []]
+    free = beam_search(ScriptedModel(script), torch.full((1, 3), A), DecodeOptions(**options),
+                       bos_id=BOS, eos_id=EOS)[0]  # fmt: skip
+    assert [h.tokens for h in free] == [[A], []]
+
+
 def test_the_prefix_is_forced_where_it_repeats_a_banned_ngram() -> None:
     hyps = decode("greedy", [[C, A, C, A]], no_repeat_ngram_size=2)
     assert hyps[0][0].tokens == [C, A, C, A]

@@ -108,6 +108,10 @@ def beam_search(
             cand_scores = torch.where(at_limit, limit_scores, cand_scores)
             cand_beam = torch.where(at_limit, F.pad(limit_beam, pad), cand_beam)
             cand_tok = cand_tok.masked_fill_(at_limit, eos_id)
+            if forced is not None and 0 < t <= forced.steps:  # after a prefix: only the best ends
+                cand_tok, cand_scores = forced.no_early_eos(
+                    cand_tok, cand_scores, sentence, t, last
+                )
 
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)

@@ -5,13 +5,17 @@ A search given ``target_prefix`` (B, P), ids padded with the pad id (a row of pa
 steps the model on its cache as usual but, at step t < the sentence's prefix length, takes the
 prefix's token t, whatever the model prefers and whatever it bans (n-grams, eos before
 ``min_len``); the search proper starts after it. Beam search keeps one live beam per sentence
-during its prefix (the others at -inf: every beam would be a copy). Lengths count the whole
-hypothesis, prefix included (``min_len``, ``max_len_a * src_len + max_len_b``, the length that
-``len_penalty`` divides by), as CTranslate2's do; a sentence's maximum is raised to its prefix's
-length where shorter, so that a hypothesis always starts with its whole prefix (CTranslate2
-cuts the prefix instead). ``decode.score_prefix`` says whether the prefix's log-probabilities
-count in the score: by default not, as CTranslate2 returns it, since the prefix was given, not
-found; the search after it is the same either way.
+during its prefix (the others at -inf: every beam would be a copy), and at the first step after
+it lets only the best candidate be eos (CTranslate2's rule, :meth:`ForcedPrefix.no_early_eos`).
+
+Lengths count the whole hypothesis, prefix included (``min_len``, ``max_len_a * src_len +
+max_len_b``, the length that ``len_penalty`` divides by), as CTranslate2's do; a sentence's
+maximum is raised to its prefix's length where shorter, so that a hypothesis always starts with
+its whole prefix (CTranslate2 cuts the prefix instead). ``decode.score_prefix`` says whether the
+prefix's log-probabilities count in the score: by default not, as CTranslate2 returns it, since
+the prefix was given, not found. It adds one constant to all of a sentence's hypotheses: with
+``len_penalty=0`` the search is the same either way; with length normalisation that constant,
+divided by each hypothesis' length, favours longer hypotheses when counted.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ class ForcedPrefix:
         self.tokens = torch.cat([target_prefix, pad_row])  # (B + 1, P)
         self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(1)])  # (B + 1,)
         self.steps, self.score = target_prefix.size(1), score
+        self.pad_id, self.eos_id = pad_id, eos_id
 
     @classmethod
     def of(
@@ -76,6 +81,19 @@ class ForcedPrefix:
         token = self.tokens[sentences, t]  # (N,) pad where not forced
         gain = lprobs.gather(1, token.unsqueeze(1)).squeeze(1) if self.score else None
         return forced, token, torch.zeros_like(lprobs[:, 0]) if gain is None else gain
+
+    def no_early_eos(
+        self, tokens: Tensor, scores: Tensor, sentences: Tensor, t: int, last: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """Beam search's candidates (n, 2K), best first, of ``sentences`` (n,) at step ``t``: at
+        the first step after a sentence's prefix, an eos candidate but the best becomes a dead
+        one (pad, -inf), unless ``last`` (n,), at its length limit. CTranslate2's rule (its issue
+        #277): else an eos right after the prefix, its own beam's second choice, finishes a
+        hypothesis that without length normalisation too often wins."""
+        after = (self.lengths[sentences] == t) & ~last  # (n,)
+        drop = after.unsqueeze(1) & tokens.eq(self.eos_id)  # (n, 2K)
+        drop[:, 0] = False
+        return tokens.masked_fill(drop, self.pad_id), scores.masked_fill(drop, float("-inf"))
 
     @staticmethod
     def only(lprobs: Tensor, forced: Tensor, token: Tensor, gain: Tensor) -> Tensor:
