@@ -18,6 +18,7 @@ from tests.decoding.test_decoding import (
     random_model,
     sources,
 )
+from transformer import kernels
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
 
 SEARCHES = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}
@@ -186,3 +187,18 @@ def test_cached_equals_uncached_and_batched_equals_alone(strategy) -> None:
         kwargs = {"sentence_ids": torch.tensor([i])} if strategy == "sample" else {}
         alone = search(model, row, options, **ids, target_prefix=one, **kwargs)[0]
         assert [h.tokens for h in alone] == [h.tokens for h in cached[i]]
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_the_gpu_path_decodes_prefixes_as_the_cpu_path(monkeypatch, strategy) -> None:
+    """Static cache, finished sentences leaving every 8 steps into padded batch sizes (CPU
+    tensors sent down the GPU's paths): the same hypotheses."""
+    model, src, prefixes = random_model(), sources(), random_prefixes()
+    options = DecodeOptions(strategy, **({"beam_size": 3} if strategy == "beam" else {}))
+    kwargs = dict(bos_id=BOS, eos_id=EOS, max_lengths=torch.tensor([3, 9, 12, 20]))
+    kwargs["target_prefix"] = prefix_tensor(prefixes)
+    cpu = SEARCHES[strategy](model, src, options, **kwargs)
+    monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)
+    gpu_path = SEARCHES[strategy](model, src, options, **kwargs)
+    assert [[h.tokens for h in s] for s in gpu_path] == [[h.tokens for h in s] for s in cpu]
+    assert all(s[0].tokens[: len(p)] == p for s, p in zip(cpu, prefixes, strict=True))
