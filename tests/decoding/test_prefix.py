@@ -2,6 +2,7 @@
 search going on after it (greedy, beam, sampling, batched, prefixes of different lengths and none);
 on a real model the cached search equals the uncached one and brute force."""
 
+import copy
 import math
 
 import pytest
@@ -202,3 +203,13 @@ def test_the_gpu_path_decodes_prefixes_as_the_cpu_path(monkeypatch, strategy) ->
     gpu_path = SEARCHES[strategy](model, src, options, **kwargs)
     assert [[h.tokens for h in s] for s in gpu_path] == [[h.tokens for h in s] for s in cpu]
     assert all(s[0].tokens[: len(p)] == p for s, p in zip(cpu, prefixes, strict=True))
+
+
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+def test_an_ensemble_of_copies_decodes_prefixes_as_the_model(strategy) -> None:
+    model, src, prefixes = random_model(), sources(), random_prefixes()
+    options = DecodeOptions(strategy, **({"beam_size": 3} if strategy == "beam" else {}))
+    kwargs = dict(bos_id=BOS, eos_id=EOS, target_prefix=prefix_tensor(prefixes))
+    alone = SEARCHES[strategy](model, src, options, **kwargs)
+    copies = SEARCHES[strategy]([model, copy.deepcopy(model)], src, options, **kwargs)
+    assert [[h.tokens for h in s] for s in copies] == [[h.tokens for h in s] for s in alone]
