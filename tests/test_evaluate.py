@@ -3,6 +3,7 @@ resumed, forced scoring, ensembles, alignments; checkpoint averaging and bad che
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import re
@@ -520,3 +521,102 @@ def test_alignments_pair_every_target_word_with_a_source_word(trained, tmp_path)
         assert all(0 <= s < len(src.split()) for s, _ in pairs)
     with pytest.raises(ConfigError, match=r"decode\.alignment_layer=5, but the model has 2"):
         evaluate(compose_eval_cfg([*run, "decode.alignment_layer=5"], tmp_path / "bad"))
+
+
+# prefixes=FILE: target prefixes beside input= or the split.
+
+
+def prefix_file(corpus: Path, path: Path, n: int) -> Path:
+    """``n`` prefixes: the first 1-2 words of a test reference on every third line, else none."""
+    refs = lines(corpus / "test.de")
+    given = [
+        " ".join(refs[i % len(refs)].split()[: 1 + i % 2]) if i % 3 == 0 else "" for i in range(n)
+    ]
+    path.write_text("\n".join(given) + "\n")
+    return path
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "decode", [["decode=greedy"], ["decode.beam_size=3"]], ids=["greedy", "beam"]
+)
+def test_prefixes_file_starts_each_translation_read_in_chunks_and_resumed(
+    trained, tmp_path, decode
+):
+    """prefixes=FILE is read in input='s chunks, line for line (blank sources stay blank), and
+    resumed with it: each translation starts with its prefix, the others are as without."""
+    ckpt, corpus = trained
+    source = source_file(corpus, tmp_path / "source.en")
+    prefixes = prefix_file(corpus, tmp_path / "prefixes.de", 34)
+    run = [f"ckpt_path={ckpt}", f"input={source}", *decode]
+    free, whole = tmp_path / "free.txt", tmp_path / "whole.txt"
+    evaluate(compose_eval_cfg([*run, f"output={free}"], tmp_path / "a"))
+    evaluate(compose_eval_cfg([*run, f"output={whole}", f"prefixes={prefixes}"], tmp_path / "b"))
+    out, given = lines(whole), lines(prefixes)
+    for translation, unconstrained, prefix, src in zip(
+        out, lines(free), given, lines(source), strict=True
+    ):
+        if not src:
+            assert translation == ""
+        elif prefix:
+            assert translation.startswith(prefix)
+        else:
+            assert translation == unconstrained
+    assert sum(t != f for t, f in zip(out, lines(free), strict=True)) >= 5
+    killed = tmp_path / "killed.txt"
+    killed.write_text("\n".join(out[:9]) + "\nhalf a tr")
+    evaluate(compose_eval_cfg(
+        [*run, f"output={killed}", f"prefixes={prefixes}", "input_chunk=4"], tmp_path / "c"
+    ))  # fmt: skip
+    assert killed.read_text() == whole.read_text()
+
+
+@pytest.mark.slow
+def test_prefixes_file_of_a_split_is_scored_whole(trained, tmp_path) -> None:
+    ckpt, corpus = trained
+    n = len(lines(corpus / "test.en"))
+    prefixes = prefix_file(corpus, tmp_path / "prefixes.de", n)
+    run = [f"ckpt_path={ckpt}", "decode=greedy", f"prefixes={prefixes}"]
+    metrics = evaluate(compose_eval_cfg(run, tmp_path / "split"))
+    hypotheses = lines(tmp_path / "split" / "hypotheses.txt")
+    assert all(h.startswith(p) for h, p in zip(hypotheses, lines(prefixes), strict=True))
+    bleu = sacrebleu.corpus_bleu(hypotheses, [lines(corpus / "test.de")]).score
+    assert metrics["bleu"] == pytest.approx(bleu) and metrics["prefixes"] == str(prefixes)
+    short = prefix_file(corpus, tmp_path / "short.de", n - 1)
+    with pytest.raises(DataError, match=rf"prefixes=.*short.de has {n - 1} lines but split=test "
+                                        rf"has {n}: give one prefix a line"):  # fmt: skip
+        evaluate(compose_eval_cfg([*run[:2], f"prefixes={short}"], tmp_path / "out"))
+
+
+@pytest.mark.slow
+def test_a_prefixes_file_of_another_length_or_mode_is_refused(trained, tmp_path, monkeypatch):
+    """A line-count difference is an error naming both files and their counts, before any
+    translation for a file, as the lines come for standard input; never a misalignment."""
+    ckpt, corpus = trained
+    source = source_file(corpus, tmp_path / "source.en")  # 34 lines
+    run = [f"ckpt_path={ckpt}", "decode=greedy"]
+    for n in (33, 35):
+        prefixes = prefix_file(corpus, tmp_path / f"prefixes{n}.de", n)
+        output = tmp_path / f"out{n}.txt"
+        with pytest.raises(DataError, match=rf"prefixes=.*prefixes{n}.de has {n} lines but "
+                                            rf"input=.*source.en has 34"):  # fmt: skip
+            evaluate(compose_eval_cfg(
+                [*run, f"input={source}", f"prefixes={prefixes}", f"output={output}",
+                 "input_chunk=4"], tmp_path / "out",
+            ))  # fmt: skip
+        assert not output.exists()  # nothing translated
+    for n, seen in ((33, "34 or more"), (35, "34")):
+        data = source.read_bytes()
+        monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BufferedReader(io.BytesIO(data))))
+        prefixes = tmp_path / f"prefixes{n}.de"
+        with pytest.raises(DataError, match=rf"has {n} lines but input=- has {seen}"):
+            evaluate(compose_eval_cfg(
+                [*run, "input=-", f"prefixes={prefixes}", "input_chunk=5"], tmp_path / "stdin"
+            ))  # fmt: skip
+    for overrides, message in [
+        (["prefixes=none.txt"], "prefixes=none.txt: no such file"),
+        ([f"prefixes={source}", "score=true"], "starts translations; score=true makes none"),
+        ([f"prefixes={source}", "analysis=maps"], "analysis=maps makes none"),
+    ]:
+        with pytest.raises(ConfigError, match=message):
+            evaluate(compose_eval_cfg([*run, *overrides], tmp_path / "out"))

@@ -470,3 +470,61 @@ def test_a_multilingual_models_readme_names_its_target_tokens() -> None:
     assert "put one of <2de>, <2fr> before each source" in readme
     assert export.target_tokens({"tgt_lang": "de"}) == []
     assert "several languages" not in export.usage(256, DecodeOptions())
+
+
+# -- target prefixes: ours equal CTranslate2's target_prefix ------------------------------
+
+
+def prefixed_lines(trained) -> tuple[list[str], list[str]]:
+    """The test sources, each with the first 0-3 words of the reference of the line before as
+    its prefix (a start the model would not choose)."""
+    corpus = trained[1]
+    src = (corpus / "test.en").read_text().splitlines()
+    tgt = (corpus / "test.de").read_text().splitlines()
+    return src, [" ".join(tgt[i - 1].split()[: i % 4]) for i in range(len(tgt))]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_prefixed_translations_equal_ctranslate2s_target_prefix(trained, exported, strategy):
+    """Through CT2Translator (``translate_batch(..., target_prefix=...)``), bans included: the
+    same translations, each starting with its prefix, many changed by it."""
+    lines, prefixes = prefixed_lines(trained)
+    options = DecodeOptions(strategy=strategy, **({"beam_size": 4} if strategy == "beam" else {}))
+    ckpt = load_checkpoint(trained[0][-1])
+    ours = Translator(model_from_checkpoint(ckpt), *tokenizers(ckpt, trained[0][-1]))
+    theirs = CT2Translator(exported, threads=1)
+    forced = ours.translate(lines, options, prefixes=prefixes)
+    assert [t[0].text for t in theirs.translate(lines, options, prefixes=prefixes)] == [
+        t[0].text for t in forced
+    ]
+    assert all(t[0].text.startswith(p) for t, p in zip(forced, prefixes, strict=True))
+    free = ours.translate(lines, options)
+    assert sum(f[0].text != t[0].text for f, t in zip(forced, free, strict=True)) > 20
+
+
+@pytest.mark.slow
+def test_prefixed_beam_scores_equal_ctranslate2s(trained, exported) -> None:
+    """min_len=0 and no banned ids (as above): the 3 best hypotheses and their scores equal
+    CTranslate2's, which leave out the prefix's log-probabilities (decode.score_prefix=false)
+    and divide by the whole length, prefix included. (Not with len_penalty=0, where CTranslate2
+    stops a sentence once its best candidate ends, with or without prefixes.)"""
+    lines, prefixes = prefixed_lines(trained)
+    options = DecodeOptions(beam_size=5, nbest=3, min_len=0, len_penalty=0.6)
+    ckpt = load_checkpoint(trained[0][-1])
+    ours = Translator(model_from_checkpoint(ckpt), *tokenizers(ckpt, trained[0][-1]))
+    out = ours.translate(lines, options, prefixes=prefixes)
+    theirs = CT2Translator(exported, threads=1)
+    kwargs = ct2_translate.search_kwargs(options, "<pad>", "<s>")
+    del kwargs["suppress_sequences"]
+    tok, src_tok = theirs.tgt_tokenizer, theirs.src_tokenizer
+    for line, prefix, o in zip(lines, prefixes, out, strict=True):
+        pieces = [src_tok.pieces(src_tok.encode(line))]
+        limit = math.floor(1.2 * (len(pieces[0]) + 1)) + 10
+        target = [tok.pieces(tok.encode(prefix))] if prefix else None  # (as CT2Translator)
+        r = theirs.translator.translate_batch(
+            pieces, target_prefix=target, max_decoding_length=limit, **kwargs
+        )[0]
+        texts = [tok.decode(theirs.tgt_ids[p] for p in hyp) for hyp in r.hypotheses]
+        assert texts == [h.text for h in o]
+        assert r.scores == pytest.approx([h.score for h in o], abs=1e-5)

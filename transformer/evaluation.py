@@ -34,7 +34,13 @@ from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError
-from transformer.evaluation_files import check_outputs, score_pairs, translate_file
+from transformer.evaluation_files import (
+    check_outputs,
+    check_prefixes,
+    score_pairs,
+    split_prefixes,
+    translate_file,
+)
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
 from transformer.terminology import constraints_met, read_constraints
@@ -172,6 +178,7 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         )
     if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
         raise ConfigError(f"input={cfg.input}: no such file")
+    check_prefixes(cfg, options, analysis)
     _check_constraints(cfg, options, analysis)
 
 
@@ -279,6 +286,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         else decoding_backend(options, device, dtype),
         "checkpoints": paths,
         "ensemble": cfg.ensemble,
+        "prefixes": cfg.prefixes,
     }
     return _score_split(cfg, translator, corpus, options, max_tokens, out_dir, run)
 
@@ -297,8 +305,11 @@ def _score_split(
     wanted = None
     if cfg.get("constraints") is not None:
         wanted = read_constraints(str(cfg.constraints), len(pairs.src), f"split={cfg.split}")
+    prefixes = split_prefixes(cfg, len(pairs.src))
     start = time.perf_counter()
-    translated = translator.translate(pairs.src, options, max_tokens, constraints=wanted)
+    translated = translator.translate(
+        pairs.src, options, max_tokens, constraints=wanted, prefixes=prefixes
+    )
     hypotheses = [t[0].text for t in translated]  # on the host: done
     seconds = time.perf_counter() - start
     if wanted is not None:

@@ -10,13 +10,19 @@ import logging
 import os
 from collections.abc import Callable, Iterator
 from functools import partial
+from itertools import zip_longest
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
 from transformer.data.corpora import CorpusTexts
-from transformer.data.text_files import count_lines, iter_line_blocks, read_line_chunks
+from transformer.data.text_files import (
+    count_lines,
+    iter_line_blocks,
+    read_line_chunks,
+    read_lines,
+)
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import ConfigError, DataError
@@ -114,16 +120,24 @@ def translate_file(
     max_tokens: int,
     out_dir: Path,
 ) -> dict[str, Any]:
-    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come."""
+    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come;
+    with ``prefixes=FILE``, each line's prefix read beside it (:func:`with_prefixes`)."""
     path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
     wanted, met = None, [0, 0]  # constraints=FILE: each line's phrases; phrases met, phrases
     if cfg.get("constraints") is not None:
         count = _line_count(str(cfg.input), read_through=True)
         wanted = read_constraints(str(cfg.constraints), count, f"input={cfg.input}")
+    if cfg.prefixes is not None:
+        chunks = with_prefixes(cfg, chunks, done)
 
-    def translate(lines: list[str], first: int) -> list[str]:
+    def translate(items: list, first: int) -> list[str]:
+        lines, prefixes = items, None
+        if cfg.prefixes is not None:  # (line, prefix) pairs
+            lines, prefixes = [line for line, _ in items], [p for _, p in items]
         phrases = None if wanted is None else wanted[first : first + len(lines)]
-        out = translator.translate(lines, options, max_tokens, first, constraints=phrases)
+        out = translator.translate(
+            lines, options, max_tokens, first, constraints=phrases, prefixes=prefixes
+        )
         if phrases is not None:
             counts = constraints_met([t[0].text for t in out], phrases, translator.tgt_tokenizer)
             met[:] = [met[0] + counts[0], met[1] + counts[1]]
@@ -135,6 +149,67 @@ def translate_file(
         log.info("constraints met: %d of %d phrases", *met)
         result["constraints"] = {"file": str(cfg.constraints), "met": met[0], "total": met[1]}
     return result
+
+
+def check_prefixes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) -> None:
+    """``prefixes=FILE``, before any work: a file, for translations (not ``score=true`` nor an
+    analysis), and with ``engine=ctranslate2`` not counted in the score (it cannot)."""
+    if cfg.prefixes is None:
+        return
+    if cfg.score or analysis is not None:
+        name = "score=true" if cfg.score else f"analysis={analysis}"
+        raise ConfigError(f"prefixes={cfg.prefixes} starts translations; {name} makes none")
+    if not Path(str(cfg.prefixes)).is_file():
+        raise ConfigError(f"prefixes={cfg.prefixes}: no such file (one prefix a line)")
+    if options.score_prefix and cfg.get("engine", "torch") == "ctranslate2":
+        raise ConfigError("decode.score_prefix=true: CTranslate2 leaves prefixes out of its "
+                          "scores; use engine=torch")  # fmt: skip
+
+
+def _count_mismatch(cfg: DictConfig, prefixes: int, origin: str, lines: int | str) -> DataError:
+    return DataError(
+        f"prefixes={cfg.prefixes} has {prefixes} lines but {origin} has {lines}: give one "
+        "prefix a line, line for line (an empty line: no prefix)"
+    )
+
+
+def split_prefixes(cfg: DictConfig, sentences: int) -> list[str] | None:
+    """``prefixes=FILE``'s lines for a split of ``sentences`` sentences, one each."""
+    if cfg.prefixes is None:
+        return None
+    prefixes = read_lines(str(cfg.prefixes))
+    if len(prefixes) != sentences:
+        raise _count_mismatch(cfg, len(prefixes), f"split={cfg.split}", sentences)
+    return prefixes
+
+
+def with_prefixes(
+    cfg: DictConfig, chunks: Iterator[tuple[int, list[str]]], done: int
+) -> Iterator[tuple[int, list[tuple[str, str]]]]:
+    """input=...'s chunks of lines as chunks of (line, its prefix) pairs, ``prefixes=FILE``
+    read in the same chunks from line ``done`` on. Line counts are compared here, before any
+    translation (input=FILE), or as the lines come (input=-): a difference is a DataError naming
+    both files and their counts, never a misalignment."""
+    source, counted = str(cfg.input), _line_count(str(cfg.prefixes), read_through=True)
+    lines = _line_count(source, read_through=True)
+    if lines is not None and lines != counted:
+        raise _count_mismatch(cfg, counted, f"input={source}", lines)
+    prefix_chunks = read_line_chunks(str(cfg.prefixes), cfg.input_chunk, done)
+    return _paired(cfg, chunks, prefix_chunks, counted)
+
+
+def _paired(
+    cfg: DictConfig,
+    chunks: Iterator[tuple[int, list[str]]],
+    prefix_chunks: Iterator[tuple[int, list[str]]],
+    counted: int,
+) -> Iterator[tuple[int, list[tuple[str, str]]]]:
+    for (first, chunk), (start, given) in zip_longest(chunks, prefix_chunks, fillvalue=(-1, [])):
+        if len(chunk) != len(given):  # the shorter chunk is its file's last
+            seen = max(first, start) + len(chunk)
+            lines = f"{seen} or more" if len(chunk) > len(given) else seen
+            raise _count_mismatch(cfg, counted, f"input={cfg.input}", lines)
+        yield first, list(zip(chunk, given, strict=True))
 
 
 def score_pairs(

@@ -32,6 +32,28 @@ def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, 
     return dict(zip(todo, encoded, strict=True))
 
 
+def target_prefixes(
+    tok: Tokenizer, lines: Sequence[str], prefixes: Sequence[str] | None, limit: int, first: int
+) -> list[list[int]] | None:
+    """Each line's prefix as target ids, without eos (None: no line has one); a prefix needs as
+    many lines as ``lines``, and at most ``limit - 1`` pieces (line ``first`` + 1 the first's
+    number in errors)."""
+    if prefixes is None:
+        return None
+    if len(prefixes) != len(lines):
+        raise DataError(f"{len(prefixes)} prefixes for {len(lines)} lines: give one a line")
+    if not any(p.strip() for p in prefixes):
+        return None
+    encoded = [tok.encode(p) if p.strip() else [] for p in prefixes]
+    for number, ids in enumerate(encoded, start=first + 1):
+        if len(ids) >= limit:
+            raise DataError(
+                f"the prefix of line {number} has {len(ids)} pieces; the model's translations "
+                f"take at most {limit - 1}: shorten it"
+            )
+    return encoded
+
+
 def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
     """Keys of ``lengths`` (sentence -> source length) in batches, longest sentences first,
     each at most ``max_tokens`` with padding (longest length x size), at least one sentence."""
@@ -76,11 +98,15 @@ def search(
     src_pad_mask: torch.Tensor | None = None,
     sentence_ids: torch.Tensor | None = None,
     constraints: list[list[list[int]]] | None = None,
+    target_prefix: torch.Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Decode source ids (B, S) with the search ``options.strategy`` names; ``sentence_ids`` (B,)
     number the sentences for sampling's random draws (default 0..B-1); ``constraints``: each
-    sentence's target phrases (beam search only, :mod:`transformer.decoding.constraints`)."""
+    sentence's target phrases (beam search only, :mod:`transformer.decoding.constraints`);
+    ``target_prefix`` (B, P), padded: each translation's given start
+    (:mod:`transformer.decoding.prefix`)."""
     ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask)
+    ids["target_prefix"] = target_prefix
     if constraints is not None and options.strategy != "beam":
         raise ConfigError(
             f"constraints need beam search; decode.strategy={options.strategy} cannot place "
@@ -130,12 +156,15 @@ class Translator:
         max_tokens: int = 4096,
         first_line: int = 0,
         constraints: list[list[str]] | None = None,
+        prefixes: list[str] | None = None,
     ) -> list[list[Translation]]:
         """Each line's ``options.nbest`` translations, best first; blank lines give "". Batches
         hold at most ``max_tokens`` source tokens, padding included. Line i is sentence
         ``first_line + i`` for sampling's draws (its line number in a file read in chunks).
         ``constraints[i]``: phrases line i's translations must contain (beam search only; see
-        :meth:`constraint_ids`)."""
+        :meth:`constraint_ids`). ``prefixes``, one a line (line-aligned): the start each
+        translation must have ("" = none), after which the search goes on
+        (:mod:`transformer.decoding.prefix`)."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
         phrases = None
@@ -145,11 +174,20 @@ class Translator:
             phrases = [
                 self.constraint_ids(c, first_line + i + 1) for i, c in enumerate(constraints)
             ]
+        forced = target_prefixes(
+            self.tgt_tokenizer, lines, prefixes, self.max_positions, first_line
+        )
         for batch in length_batches({i: len(x) for i, x in ids.items()}, max_tokens):
             src = pad([ids[i] for i in batch], self.pad_id, self.device)
             numbers = torch.tensor([first_line + i for i in batch], device=self.device)
             wanted = None if phrases is None else [phrases[i] for i in batch]
-            hyps = search(self.models, src, options, sentence_ids=numbers, constraints=wanted)
+            target_prefix = None
+            if forced:
+                target_prefix = pad([forced[i] for i in batch], self.pad_id, self.device)
+            hyps = search(
+                self.models, src, options, sentence_ids=numbers, constraints=wanted,
+                target_prefix=target_prefix,
+            )  # fmt: skip
             alignments = self._align(src, hyps, options) if options.alignment else None
             for k, (i, sentence) in enumerate(zip(batch, hyps, strict=True)):
                 results[i] = [

@@ -250,3 +250,28 @@ def test_without_constraints_the_search_is_unchanged() -> None:
         same = beam_search(model, src, options, **IDS, constraints=lists)
         assert [[h.tokens for h in s] for s in same] == [[h.tokens for h in s] for s in plain]
         assert all(h.constraints_met is None for s in same for h in s)
+
+
+@pytest.mark.parametrize("beam_size", [2, 4])
+def test_a_prefix_and_constraints_together_give_both(beam_size) -> None:
+    """Given a start and phrases at once (interactive translation with terminology): every
+    output begins with its sentence's prefix and holds all its phrases when they fit after it;
+    a phrase the prefix already holds counts as met."""
+    torch.manual_seed(0)
+    model, src, rng = random_model(), sources(), random.Random(beam_size)
+    lists = random_phrases(rng, len(src), 40)
+    starts = [[rng.randrange(4, 40) for _ in range(rng.randint(0, 3))] for _ in range(len(src))]
+    starts[0] = list(lists[0][0]) if lists[0] else starts[0]  # its first phrase as its prefix
+    width = max(len(s) for s in starts)
+    prefix = torch.full((len(src), width), PAD, dtype=torch.long)
+    for i, s in enumerate(starts):
+        prefix[i, : len(s)] = torch.tensor(s, dtype=torch.long)
+    options = DecodeOptions(beam_size=beam_size, nbest=beam_size, max_len_a=0.0, max_len_b=12)
+    out = beam_search(model, src, options, **IDS, constraints=lists, target_prefix=prefix)
+    for start, phrases, hyps in zip(starts, lists, out, strict=True):
+        assert hyps
+        for h in hyps:
+            assert h.tokens[: len(start)] == start, (start, h.tokens)
+            if len(start) + sum(len(p) for p in phrases) <= 12:
+                assert all(contains(h.tokens, p) for p in phrases), (start, phrases, h.tokens)
+                assert h.constraints_met

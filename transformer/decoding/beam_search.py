@@ -22,6 +22,7 @@ from torch import Tensor
 
 from transformer.decoding.constraints import Constraints, Phrases, contains
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.prefix import ForcedPrefix
 from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
@@ -45,6 +46,7 @@ def beam_search(
     max_lengths: Tensor | None = None,
     use_cache: bool = True,
     constraints: Phrases | None = None,
+    target_prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src`` (B, S); return each sentence's ``options.nbest`` hypotheses, best first.
 
@@ -54,7 +56,8 @@ def beam_search(
     hypotheses favoured more). ``max_lengths`` (B,) sets each sentence's maximum instead of
     ``max_len_a`` and ``max_len_b`` (length-controlled decoding). ``options.strategy`` is not
     read: this is the beam search. ``model``: one model, or a list of them searched as an
-    ensemble (their mean probabilities).
+    ensemble (their mean probabilities). ``target_prefix`` (B, P): each translation's given
+    start, the search running after it (:mod:`transformer.decoding.prefix`).
 
     ``constraints[i]``: phrases (lists of target ids) that sentence i's translations must contain
     (:mod:`transformer.decoding.constraints`); a hypothesis then ends only once it holds them all,
@@ -63,6 +66,9 @@ def beam_search(
     """
     models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
     pad_id, len_penalty = models[0].cfg.pad_id, options.len_penalty
+    forced = ForcedPrefix.of(target_prefix, pad_id, bos_id, eos_id, options.score_prefix)
+    if forced is not None:
+        max_len = forced.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
     B, K, device = src.size(0), options.beam_size, src.device
     L = int(max_len.max()) + 1  # steps, eos included
     every = sync_interval(options, src)
@@ -88,7 +94,13 @@ def beam_search(
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
-            lprobs = bans(stepper.log_probs(prefixes), prefixes, t)  # (n * k, V)
+            lprobs = stepper.log_probs(prefixes)  # (n * k, V)
+            forcing = forced is not None and t < forced.steps
+            if forcing:  # a sentence in its prefix: each beam's one candidate, its token t
+                in_prefix = forced.at(lprobs, sentence.repeat_interleave(k), t)
+            lprobs = bans(lprobs, prefixes, t)
+            if forcing:
+                lprobs = forced.only(lprobs, *in_prefix)
             V = lprobs.size(-1)
             if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
@@ -110,6 +122,10 @@ def beam_search(
             if phrases is not None:  # the candidates by dynamic beam allocation instead
                 cand_scores, cand_beam, cand_tok = phrases.candidates(
                     lprobs, cand_scores, cand_beam, cand_tok
+                )
+            if forced is not None and 0 < t <= forced.steps:  # after a prefix: only the best ends
+                cand_tok, cand_scores = forced.no_early_eos(
+                    cand_tok, cand_scores, sentence, t, last
                 )
 
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.prefix import ForcedPrefix
 from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
@@ -43,18 +44,20 @@ def greedy_decode(
     src_pad_mask: Tensor | None = None,
     max_lengths: Tensor | None = None,
     use_cache: bool = True,
+    target_prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Translate ``src`` (B, S); return each sentence's one hypothesis.
 
     ``model``: one model, or a list of them decoded as an ensemble (their mean probabilities).
     From ``options``: the length rules, ``no_repeat_ngram_size`` and ``len_penalty`` (of the
     score only). A finished sentence leaves the batch (its cache rows too). ``max_lengths`` (B,)
-    sets each sentence's maximum instead of ``max_len_a`` and ``max_len_b``. Runs in eval mode,
-    restoring the mode the model was in.
+    sets each sentence's maximum instead of ``max_len_a`` and ``max_len_b``. ``target_prefix``
+    (B, P): each translation's given start (:mod:`transformer.decoding.prefix`). Runs in eval
+    mode, restoring the mode the model was in.
     """
     rows = decode_rows(
         model, src, options, _likeliest, bos_id=bos_id, eos_id=eos_id, src_pad_mask=src_pad_mask,
-        max_lengths=max_lengths, use_cache=use_cache,
+        max_lengths=max_lengths, use_cache=use_cache, target_prefix=target_prefix,
     )  # fmt: skip
     return [[h] for h in rows]
 
@@ -74,12 +77,16 @@ def decode_rows(
     src_pad_mask: Tensor | None,
     max_lengths: Tensor | None,
     use_cache: bool,
+    target_prefix: Tensor | None = None,
 ) -> list[Hypothesis]:
     """One hypothesis per row of ``src`` (B, S), its tokens chosen one a step by ``choose`` from
-    the step's log-probabilities (banned ids at -inf); score: their log-probability, eos
-    included, / length ** ``options.len_penalty``."""
+    the step's log-probabilities (banned ids at -inf), after the ``target_prefix`` (B, P) forced;
+    score: their log-probability, eos included, / length ** ``options.len_penalty``."""
     models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
     pad_id = models[0].cfg.pad_id
+    forced = ForcedPrefix.of(target_prefix, pad_id, bos_id, eos_id, options.score_prefix)
+    if forced is not None:
+        max_len = forced.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
     B, steps = src.size(0), int(max_len.max()) + 1
     every, device = sync_interval(options, src), src.device
     out = torch.full((B + 1, steps), pad_id, device=device)  # row B: padding rows' tokens
@@ -91,9 +98,16 @@ def decode_rows(
         bans = TokenBans(options, pad_id, bos_id, eos_id, device)
         ended = torch.zeros(B, dtype=torch.bool, device=device)  # (n,) past eos (sync_every > 1)
         for t in range(steps):  # t tokens generated so far
-            lprobs = bans(stepper.log_probs(prefixes), prefixes, t)  # (n, V)
+            lprobs = stepper.log_probs(prefixes)  # (n, V)
+            forcing = forced is not None and t < forced.steps
+            if forcing:  # rows in their prefix take its token t (n,), bans aside
+                in_prefix, prefix_token, prefix_gain = forced.at(lprobs, sentence, t)
+            lprobs = bans(lprobs, prefixes, t)
             token = choose(lprobs, sentence, t).masked_fill(t >= max_len, eos_id)  # (n,)
             gain = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (n,)
+            if forcing:
+                token = torch.where(in_prefix, prefix_token, token)
+                gain = torch.where(in_prefix, prefix_gain, gain)
             if every > 1:  # a row past its eos waits for the next read, adding nothing
                 token, gain = token.masked_fill(ended, pad_id), gain.masked_fill(ended, 0.0)
             out[sentence, t] = token

@@ -36,6 +36,7 @@ class DecodeOptions:
     top_k: int = 0  # sample only: from the k likeliest tokens (0 = all)
     top_p: float = 1.0  # sample only: from the fewest likeliest tokens of total p >= top_p
     seed: int = 0  # sample only: a sentence's draws depend on seed and its index, nothing else
+    score_prefix: bool = False  # target prefixes: their log-probabilities count in the score
     print_scores: bool = False  # input=...: write "score<TAB>translation"
     alignment: bool = False  # input=...: append "<TAB>src-tgt ..." word alignments
     alignment_layer: int = -1  # the decoder layer whose cross-attention aligns (-1 = last)
@@ -81,7 +82,7 @@ class DecodeOptions:
             )
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"{prefix}.top_p must be in (0, 1], got {self.top_p} (1 = off)")
-        for name in ("print_scores", "alignment"):
+        for name in ("print_scores", "alignment", "score_prefix"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"{prefix}.{name} must be true or false, got {getattr(self, name)!r}"

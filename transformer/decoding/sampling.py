@@ -94,13 +94,15 @@ def sample(
     max_lengths: Tensor | None = None,
     use_cache: bool = True,
     sentence_ids: Tensor | None = None,
+    target_prefix: Tensor | None = None,
 ) -> list[list[Hypothesis]]:
     """Each sentence of ``src`` (B, S): ``options.nbest`` samples, the best score first.
 
     ``sentence_ids`` (B,) name the sentences for the random draws (default 0..B-1): a line's
     number in its file gives it the same samples in any batch. Sample j of a sentence is the same
     whatever ``nbest`` (j < nbest). Length rules, banned n-grams and scores as greedy decoding's
-    (:func:`transformer.decoding.greedy.decode_rows`); each sample is a row of its own.
+    (:func:`transformer.decoding.greedy.decode_rows`); each sample is a row of its own, after
+    its sentence's ``target_prefix`` (B, P) (:mod:`transformer.decoding.prefix`).
     """
     B, N = src.size(0), options.nbest
     sentences = torch.arange(B, device=src.device) if sentence_ids is None else sentence_ids
@@ -112,6 +114,8 @@ def sample(
             src_pad_mask = src_pad_mask.repeat_interleave(N, dim=0)
         if max_lengths is not None:
             max_lengths = max_lengths.repeat_interleave(N)
+        if target_prefix is not None:
+            target_prefix = target_prefix.repeat_interleave(N, dim=0)
     states = streams(options.seed, sentences, samples)
     states = torch.cat([states, states[:1]])  # row B * N: a padding row's (its tokens ignored)
 
@@ -121,6 +125,6 @@ def sample(
 
     rows = decode_rows(
         model, src, options, draw, bos_id=bos_id, eos_id=eos_id, src_pad_mask=src_pad_mask,
-        max_lengths=max_lengths, use_cache=use_cache,
+        max_lengths=max_lengths, use_cache=use_cache, target_prefix=target_prefix,
     )  # fmt: skip
     return [sorted(rows[i * N : (i + 1) * N], key=lambda h: -h.score) for i in range(B)]

@@ -273,4 +273,10 @@ or, rarely, where scores tie closely: CTranslate2 removes `<pad>` and `<s>` befo
 `evaluate.py` after it.
 `python evaluate.py engine=ctranslate2 ckpt_path=MODEL_DIR` scores this directory on the test
 split, with the same metrics as a checkpoint.
+
+A translation that must start with given words (`evaluate.py prefixes=FILE`): pass their pieces,
+`target_prefix=[tgt_sp.encode(prefix, out_type=str), ...]`, to `translate_batch`, with
+`max_decoding_length` at least each prefix's length (the limit counts the prefix; CTranslate2
+cuts a longer prefix, `evaluate.py` raises the limit). The hypotheses start with the prefix; their
+scores leave its log-probabilities out, as `evaluate.py`'s (`decode.score_prefix=false`).
 {multilingual}"""

@@ -25,7 +25,7 @@ from transformer.decoding import DecodeOptions
 from transformer.decoding.step import max_output_lengths
 from transformer.errors import CheckpointError
 from transformer.export.ct2 import INFO_FILE, SPM_FILES, import_ctranslate2
-from transformer.translate import Translation, encode_lines
+from transformer.translate import Translation, encode_lines, target_prefixes
 
 
 def read_info(model_dir: str | os.PathLike) -> dict[str, Any]:
@@ -80,23 +80,39 @@ class CT2Translator:
         self.exact_limits = exact_limits
 
     def translate(
-        self, lines: list[str], options: DecodeOptions, max_tokens: int = 4096, first_line: int = 0
+        self,
+        lines: list[str],
+        options: DecodeOptions,
+        max_tokens: int = 4096,
+        first_line: int = 0,
+        prefixes: list[str] | None = None,
     ) -> list[list[Translation]]:
         """Each line's ``options.nbest`` translations, best first; blank lines give "".
         (``first_line`` numbers the lines for sampling, which evaluation runs on engine=torch
-        only.)"""
+        only.) ``prefixes``: each translation's given start, CTranslate2's ``target_prefix``,
+        a sentence's limit raised to its length as ours is (CTranslate2 would cut it)."""
         results: list[list[Translation]] = [[Translation("", None)] for _ in lines]
         ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
+        forced = target_prefixes(
+            self.tgt_tokenizer, lines, prefixes, self.max_positions, first_line
+        )
         limits = max_output_lengths(
             torch.tensor([len(x) for x in ids.values()]), options.max_len_a, options.max_len_b,
             options.min_len, self.max_positions - 1,
         ).tolist()  # fmt: skip
-        groups: dict[int, list[int]] = {}
+        if forced:
+            limits = [max(n, len(forced[i])) for i, n in zip(ids, limits, strict=True)]
+        # Sentences without a prefix apart: in a call with target_prefix, CTranslate2 lets only
+        # their best first candidate be eos, which ours (and its own without prefixes) does not.
+        groups: dict[tuple[int, bool], list[int]] = {}
         for i, limit in zip(ids, limits, strict=True):
-            groups.setdefault(limit if self.exact_limits else max(limits), []).append(i)
+            key = (limit if self.exact_limits else max(limits), bool(forced and forced[i]))
+            groups.setdefault(key, []).append(i)
         kwargs = search_kwargs(options, *self.tgt_tokenizer.pieces([PAD_ID, BOS_ID]))
-        for limit, rows in groups.items():
+        for (limit, prefixed), rows in groups.items():
             sources = [self.src_tokenizer.pieces(ids[i][:-1]) for i in rows]  # eos: the model's
+            pieces = self.tgt_tokenizer.pieces
+            kwargs["target_prefix"] = [pieces(forced[i]) for i in rows] if prefixed else None
             out = self.translator.translate_batch(
                 sources, max_batch_size=max_tokens, batch_type="tokens",
                 max_decoding_length=limit, **kwargs,
