@@ -307,9 +307,8 @@ def _score_split(
         wanted = read_constraints(str(cfg.constraints), len(pairs.src), f"split={cfg.split}")
     prefixes = split_prefixes(cfg, len(pairs.src))
     start = time.perf_counter()
-    translated = translator.translate(
-        pairs.src, options, max_tokens, constraints=wanted, prefixes=prefixes
-    )
+    more = {} if wanted is None else {"constraints": wanted}  # our engine's alone
+    translated = translator.translate(pairs.src, options, max_tokens, prefixes=prefixes, **more)
     hypotheses = [t[0].text for t in translated]  # on the host: done
     seconds = time.perf_counter() - start
     if wanted is not None:
