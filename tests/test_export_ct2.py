@@ -528,3 +528,15 @@ def test_prefixed_beam_scores_equal_ctranslate2s(trained, exported) -> None:
         texts = [tok.decode(theirs.tgt_ids[p] for p in hyp) for hyp in r.hypotheses]
         assert texts == [h.text for h in o]
         assert r.scores == pytest.approx([h.score for h in o], abs=1e-5)
+
+
+@pytest.mark.slow
+def test_evaluate_engine_ctranslate2_translates_an_input_file_as_ours(trained, exported, tmp_path):
+    source = tmp_path / "source.txt"
+    source.write_text("".join(line + "\n" for line in sentence_pairs(20, seed=9)[0]))
+    ours = [f"ckpt_path={trained[0][-1]}", f"input={source}", "decode=greedy"]
+    evaluate_with([*ours, f"output={tmp_path / 'ours.txt'}"], tmp_path / "torch")
+    theirs = [f"ckpt_path={exported}", "engine=ctranslate2", f"input={source}", "decode=greedy"]
+    evaluate_with([*theirs, f"output={tmp_path / 'theirs.txt'}"], tmp_path / "ct2")
+    written = [(tmp_path / name).read_text() for name in ("ours.txt", "theirs.txt")]
+    assert written[0] == written[1] and len(written[0].splitlines()) == 20

@@ -135,9 +135,8 @@ def translate_file(
         if cfg.prefixes is not None:  # (line, prefix) pairs
             lines, prefixes = [line for line, _ in items], [p for _, p in items]
         phrases = None if wanted is None else wanted[first : first + len(lines)]
-        out = translator.translate(
-            lines, options, max_tokens, first, constraints=phrases, prefixes=prefixes
-        )
+        more = {} if phrases is None else {"constraints": phrases}  # our engine's alone
+        out = translator.translate(lines, options, max_tokens, first, prefixes=prefixes, **more)
         if phrases is not None:
             counts = constraints_met([t[0].text for t in out], phrases, translator.tgt_tokenizer)
             met[:] = [met[0] + counts[0], met[1] + counts[1]]
