@@ -75,6 +75,10 @@ LEVERS: dict[str, list[str]] = {
     "lr1e-2": ["optim.optimizer.lr=1.0e-2"],
     # half the recipe's 4096-token batches: twice the updates for the same tokens, each noisier
     "tokens2048": ["data.max_tokens=2048"],
+    # position encodings (the recipe: sinusoidal); docs/experiments/positions.md
+    "learned": ["model.positions=learned"],
+    "rope": ["model.positions=rope"],
+    "relative": ["model.positions=relative"],
 }
 
 
