@@ -19,7 +19,10 @@ from __future__ import annotations
 import argparse
 import gzip
 import json
+import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
 
 import sacrebleu
 import torch
@@ -50,11 +53,14 @@ def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
 
 def joined_groups(lengths: list[int], longer_than: int, limit: int) -> list[list[int]]:
     """Runs of consecutive indices whose lengths add up to more than ``longer_than`` and at most
-    ``limit``; a run that would pass ``limit`` starts again from the sentence that would."""
+    ``limit``; a run that would pass ``limit`` starts again from the sentence that would (a
+    sentence longer than ``limit`` alone is left out)."""
     groups, run, total = [], [], 0
     for i, n in enumerate(lengths):
         if total + n > limit:
             run, total = [], 0
+        if n > limit:  # alone too long: in no run
+            continue
         run.append(i)
         total += n
         if total > longer_than:
