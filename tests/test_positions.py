@@ -135,6 +135,22 @@ def test_relative_attention_equals_brute_force() -> None:
         torch.testing.assert_close(got, brute_force_attention(attn, x, table, False, causal=True))
 
 
+def test_the_bias_gets_the_same_gradient_through_sdpa_as_through_the_explicit_path() -> None:
+    """SDPA takes the bias as its additive mask and returns its gradient (the maps' path is the
+    explicit softmax)."""
+    model = perturbed(tiny_model(positions="relative"))
+    src, tgt = sources(), torch.randint(4, 50, (5, 7))
+
+    def grads(maps: AttentionMaps | None) -> list[torch.Tensor]:
+        model.zero_grad()
+        model(src, tgt, attention=maps).square().mean().backward()
+        return [s.positions.relative_bias.weight.grad for s in (model.encoder, model.decoder)]
+
+    for fast, explicit in zip(grads(None), grads(AttentionMaps()), strict=True):
+        assert fast.abs().max() > 1e-3
+        torch.testing.assert_close(fast, explicit, atol=1e-6, rtol=1e-4)
+
+
 def test_learned_positions_are_a_table_added_to_the_scaled_embeddings() -> None:
     model = tiny_model(positions="learned")
     tokens = torch.randint(4, 50, (2, 5))
