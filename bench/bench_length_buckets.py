@@ -11,7 +11,8 @@ then on **long** sources: consecutive test pairs joined (sources with sources, r
 references) until each source has more pieces than the longest training source, within the
 model's ``max_positions``. ``long, apart`` scores the same joined references against the parts'
 own translations joined, so that ``long`` minus ``apart`` is what translating the long source in
-one piece costs, the model's quality aside.
+one piece costs, the model's quality aside; the length ratio (translation tokens / reference
+tokens) tells a translation that stops after its first sentence from a wrong one.
 """
 
 from __future__ import annotations
@@ -44,10 +45,13 @@ def read(path: Path) -> list[str]:
 
 
 def scores(hyps: list[str], refs: list[str]) -> dict[str, float]:
+    """BLEU, BLEU -lc and the length ratio (translations' tokens / references')."""
+    bleu = sacrebleu.corpus_bleu(hyps, [refs])
     return {
         "sentences": len(hyps),
-        "bleu": round(sacrebleu.corpus_bleu(hyps, [refs]).score, 2),
+        "bleu": round(bleu.score, 2),
         "bleu_lc": round(sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score, 2),
+        "length_ratio": round(bleu.sys_len / max(1, bleu.ref_len), 3),
     }
 
 
@@ -128,12 +132,15 @@ def main() -> None:
 
     print(f"positions={results['positions']}, beam {args.beam}; longest training source: "
           f"{longest} pieces (with eos)")  # fmt: skip
-    print("| set | bucket (source pieces) | sentences | BLEU | BLEU -lc |")
-    print("|---|---|---:|---:|---:|")
+    print("| set | bucket (source pieces) | sentences | BLEU | BLEU -lc | length ratio |")
+    print("|---|---|---:|---:|---:|---:|")
     for name, rows in results["sets"].items():
         for bucket, row in rows.items():
             label = f"{bucket} (mean {row['mean_pieces']})" if "mean_pieces" in row else bucket
-            print(f"| {name} | {label} | {row['sentences']} | {row['bleu']} | {row['bleu_lc']} |")
+            print(
+                f"| {name} | {label} | {row['sentences']} | {row['bleu']} | {row['bleu_lc']} "
+                f"| {row['length_ratio']} |"
+            )
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2) + "\n")
 
