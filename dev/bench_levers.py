@@ -85,6 +85,10 @@ LEVERS: dict[str, list[str]] = {
     # BPE-dropout (Provilkov et al. 2020, p=0.1) against a BPE vocabulary of the recipe's size
     "bpe": ["data.spm_model_type=bpe"],
     "bpe_dropout": ["data.spm_model_type=bpe", "data.spm_sampling.alpha=0.1"],
+    # position encodings (the recipe: sinusoidal); docs/experiments/positions.md
+    "learned": ["model.positions=learned"],
+    "rope": ["model.positions=rope"],
+    "relative": ["model.positions=relative"],
 }
 
 

@@ -105,6 +105,15 @@ CONFIGURATIONS = {
         "bias": False,
     },  # fmt: skip
     "layer_norm_eps 1e-3": {"layer_norm_eps": 1e-3},
+    "learned positions": {"positions": "learned"},
+    "rotary positions": {"positions": "rope"},
+    "rotary grouped-query": {"positions": "rope", "num_kv_heads": 2},
+    "relative positions": {"positions": "relative"},
+    "relative post-norm multi-query": {
+        "positions": "relative",
+        "norm_first": False,
+        "num_kv_heads": 1,
+    },
 }
 
 
@@ -130,6 +139,26 @@ def test_pruned_models_score_as_ours(kv_heads, tmp_path) -> None:
     pairs = random_pairs()
     for (src, tgt), theirs in zip(pairs, ct2_log_probs(tmp_path, pairs), strict=True):
         assert (theirs - ours_log_probs(model, src, tgt)).abs().max() < 1e-4
+
+
+def test_a_relative_model_pruned_to_its_first_heads_scores_as_ours(tmp_path) -> None:
+    """CTranslate2 gives every layer the bias of heads 0, 1, ...: a layer whose removed heads
+    were its last ones (restored as zeros) still reads the right columns; others are refused."""
+    full = random_model(positions="relative")
+    model = prune_model(
+        full, [("encoder_self", 1, 3), ("decoder_self", 0, 2), ("decoder_self", 0, 3)]
+    )
+    export.save_spec(export.transformer_spec(model, VOCAB, VOCAB), tmp_path)
+    pairs = random_pairs()
+    for (src, tgt), theirs in zip(pairs, ct2_log_probs(tmp_path, pairs), strict=True):
+        assert (theirs - ours_log_probs(model, src, tgt)).abs().max() < 1e-4
+    model = prune_model(full, [("encoder_self", 1, 0)])
+    with pytest.raises(
+        ConfigError,
+        match=r"positions=relative cannot be exported to CTranslate2 "
+        r"with encoder_self layer 1 pruned to heads \[1, 2, 3\]",
+    ):
+        export.transformer_spec(model, VOCAB, VOCAB)
 
 
 def test_ctranslate2s_own_position_table_is_not_ours(tmp_path) -> None:

@@ -53,8 +53,10 @@ def masked_model(model: Transformer, heads) -> Transformer:
 
 
 @pytest.mark.parametrize(
-    "options", [{}, {"num_kv_heads": 2}, {"norm_first": False, "bias": False}],
-    ids=["multi-head", "grouped-query", "post-norm-no-bias"],
+    "options",
+    [{}, {"num_kv_heads": 2}, {"norm_first": False, "bias": False}, {"positions": "relative"},
+     {"positions": "rope", "num_kv_heads": 2}],
+    ids=["multi-head", "grouped-query", "post-norm-no-bias", "relative", "rope"],
 )  # fmt: skip
 def test_the_pruned_model_computes_what_the_masked_model_computes(options) -> None:
     full, (src, tgt) = tiny_model(V, **options), batch()
@@ -87,8 +89,9 @@ def test_the_pruned_model_computes_what_the_masked_model_computes(options) -> No
     assert [h[0].tokens for h in ours] == [h[0].tokens for h in theirs]
 
 
-def test_restored_heads_compute_the_same_with_every_layer_whole() -> None:
-    full, (src, tgt) = tiny_model(V, num_kv_heads=2), batch()
+@pytest.mark.parametrize("positions", ["sinusoidal", "relative"])
+def test_restored_heads_compute_the_same_with_every_layer_whole(positions) -> None:
+    full, (src, tgt) = tiny_model(V, num_kv_heads=2, positions=positions), batch()
     pruned = prune_model(full, HEADS)
     restored = restore_heads(pruned)
     assert restored.cfg.heads_per_layer is None

@@ -117,14 +117,17 @@ def step_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> T
     where they lie; PyTorch's fused CPU kernel is slower on them than on contiguous ones
     (BENCHMARKS.md, "CTranslate2 against our decoder"). bf16/fp16 compute in float32 (as
     :func:`sdpa` decodes), float32 and float64 in their own precision. ``allowed``, broadcastable
-    to (B, 1, 1, Tk) (key padding, a length mask; no causal mask): bool, True where allowed, or a
-    float additive mask (``transformer.masks``)."""
+    to (B, 1, 1, Tk) (key padding, a length mask; no causal mask) or, per head, (B or 1, H, Tq,
+    Tk) (a relative bias): bool, True where allowed, or a float additive mask
+    (``transformer.masks``)."""
     B, H, Tq, Dh = q.shape
     Hkv, Tk, dtype = k.size(1), k.size(2), q.dtype
     compute = torch.float64 if dtype == torch.float64 else torch.float32
     q = q.to(compute).reshape(B * Hkv, H // Hkv * Tq, Dh)  # a key/value head's query heads together
     k, v = k.to(compute).reshape(B * Hkv, Tk, Dh), v.to(compute).reshape(B * Hkv, Tk, Dh)
     scores = torch.bmm(q, k.transpose(1, 2)).mul_(1 / math.sqrt(Dh))  # (B * Hkv, H/Hkv * Tq, Tk)
+    if allowed is not None and allowed.size(1) == H > 1:  # per head: a relative bias
+        allowed = allowed.reshape(allowed.size(0), Hkv, H // Hkv * Tq, Tk)
     if allowed is not None and allowed.dtype == torch.bool:
         scores.view(B, Hkv, -1, Tk).masked_fill_(~allowed, torch.finfo(compute).min)
     elif allowed is not None:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import warnings
 from contextlib import nullcontext
 
+import torch
 from torch import Tensor, nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -23,6 +24,7 @@ from transformer.config import check_heads
 from transformer.kv_cache import KVCache
 from transformer.linear import Linear
 from transformer.masks import attention_allowed
+from transformer.positions import rotate
 
 
 class MultiheadAttention(nn.Module):
@@ -48,6 +50,7 @@ class MultiheadAttention(nn.Module):
         dropout: float = 0.0,
         bias: bool = True,
         head_dim: int | None = None,
+        relative_bias: bool = False,
     ) -> None:
         super().__init__()
         num_kv_heads = num_heads if num_kv_heads is None else num_kv_heads
@@ -79,6 +82,9 @@ class MultiheadAttention(nn.Module):
         # SDPA's backends this module's calls may use, first preferred; None: as set around it
         # (transformer.sdpa_backends.selected sets this where attention types differ).
         self.sdpa_backends: list[SDPBackend] | None = None
+        # relative_bias: the heads of its layer stack's relative bias (transformer.positions) that
+        # this module's heads read, (H,), saved: pruning keeps the removed heads' out of it.
+        self.register_buffer("bias_heads", torch.arange(num_heads) if relative_bias else None)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -118,6 +124,7 @@ class MultiheadAttention(nn.Module):
         need_weights: bool = False,
         attn_mask: Tensor | None = None,
         memory_kv: tuple[Tensor, Tensor] | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None]:
         """Attend from ``x`` (B, Tq, q_dim) to itself, or to ``memory`` (B, S, kv_dim) if cross.
 
@@ -129,8 +136,12 @@ class MultiheadAttention(nn.Module):
         attn_mask: the keys' padding as the kernels take it, (B, 1, 1, Tk) from
             :func:`transformer.masks.padding_bias`, built once per batch by the layer stack; it
             replaces ``key_padding_mask`` (for attention without ``causal`` and ``cache``).
+            With a relative bias (``bias_heads``) it is the whole additive mask, (B or 1, H, Tq,
+            Tk): bias, padding and causality (and a cache's length mask) together.
         memory_kv: cross-attention's keys and values of ``memory``, 2 x (B, Hkv, S, Dh), projected
             beforehand (the decoder projects all its layers' at once); they replace ``memory``.
+        rotary: self-attention's rotary cos and sin at this call's positions, (Tq, Dh/2) each:
+            queries and keys are turned before the kernel, and keys before they are cached.
         Returns the output (B, Tq, d_model) and, if ``need_weights``, weights (B, H, Tq, Tk).
         """
         B, Tq, _ = x.shape
@@ -149,6 +160,10 @@ class MultiheadAttention(nn.Module):
                     cache.append(k, v)
         else:
             qkv = self.qkv_proj(x)  # (B, Tq, H * Dh + 2 * Hkv * Dh)
+            if rotary is not None:  # queries and keys turned together: (B, Tq, H + Hkv, Dh)
+                qk, v = qkv.split([self.q_width + self.kv_width, self.kv_width], dim=-1)
+                qk = qk.unflatten(-1, (self.num_heads + self.num_kv_heads, self.head_dim))
+                qkv = torch.cat([rotate(qk, *rotary).flatten(-2), v], dim=-1)
             q, k, v = qkv.split([self.q_width, self.kv_width, self.kv_width], dim=-1)
             q = self._heads(q, self.num_heads)  # (B, H, Tq, Dh)
             if cache is not None:  # keys and values side by side: into the cache in one copy
@@ -171,8 +186,8 @@ class MultiheadAttention(nn.Module):
         bias = attn_mask if attn_mask is not None else cache.bias if cache is not None else None
 
         if need_weights:
-            if bias is not None:
-                allowed = bias.eq(0)
+            if bias is not None:  # a relative bias stays additive; a padding mask turns bool
+                allowed = bias if self.bias_heads is not None else bias.eq(0)
             else:
                 allowed = attention_allowed(
                     key_padding_mask, causal, q.size(2), Tk, offset, x.device

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+POSITIONS = ("sinusoidal", "learned", "rope", "relative")
 
 
 @dataclass
@@ -25,7 +26,10 @@ class TransformerConfig:
     norm_first: bool = True  # pre-norm trains stably; False = the original post-norm
     bias: bool = True  # bias terms in attention and feed-forward projections
     layer_norm_eps: float = 1e-5
-    max_positions: int = 1024  # longest sequence the sinusoidal table covers
+    max_positions: int = 1024  # longest sequence the position tables (and caches) cover
+    # sinusoidal | learned (absolute, added to the embeddings) | rope (rotary, on self-attention's
+    # queries and keys) | relative (T5's bucketed per-head bias on self-attention scores)
+    positions: Literal["sinusoidal", "learned", "rope", "relative"] = "sinusoidal"
     tie_output_embeddings: bool = True  # decoder input embedding = output projection (Press & Wolf)
     share_all_embeddings: bool = False  # one embedding for source and target: needs a joint vocab
     pad_id: int = 0  # must agree with the tokenizer's; its embedding row starts at zero
@@ -51,6 +55,15 @@ class TransformerConfig:
         for name in ("dropout", "attention_dropout", "activation_dropout"):
             if not 0.0 <= getattr(self, name) < 1.0:
                 raise ValueError(f"{name} must be in [0, 1), got {getattr(self, name)}")
+        if self.positions not in POSITIONS:
+            raise ValueError(
+                f"positions must be one of {', '.join(POSITIONS)}, got {self.positions!r}"
+            )
+        if self.positions == "rope" and self.head_dim % 2:
+            raise ValueError(
+                f"positions=rope turns pairs of dimensions: head_dim = d_model / num_heads = "
+                f"{self.head_dim} must be even"
+            )
         if self.activation not in ("relu", "gelu"):
             raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
         if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:

@@ -14,6 +14,7 @@ from transformer.dropout import Dropout
 from transformer.kv_cache import DecoderCache, KVCache
 from transformer.linear import Linear, linear_layer
 from transformer.masks import padding_bias
+from transformer.positions import RelativeBias, Rotary
 from transformer.precision import compute_dtype
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
@@ -59,7 +60,46 @@ def _attention(cfg: TransformerConfig, kind: str, layer: int) -> MultiheadAttent
     return MultiheadAttention(
         cfg.d_model, heads, kv_heads, cross=kind == "cross", dropout=cfg.attention_dropout,
         bias=cfg.bias, head_dim=cfg.head_dim,
+        relative_bias=cfg.positions == "relative" and kind != "cross",
     )  # fmt: skip
+
+
+class StackPositions(nn.Module):
+    """What a layer stack's self-attention knows of positions (``model.positions``): rotary
+    tables, or a relative bias (one table for all its layers, as T5's), or nothing."""
+
+    def __init__(self, cfg: TransformerConfig, bidirectional: bool) -> None:
+        super().__init__()
+        rope, relative = cfg.positions == "rope", cfg.positions == "relative"
+        self.rotary = Rotary(cfg.head_dim, cfg.max_positions) if rope else None
+        self.relative_bias = RelativeBias(cfg.num_heads, bidirectional) if relative else None
+
+    def rotations(self, offset: int | Tensor, steps: int) -> tuple[Tensor, Tensor] | None:
+        """Rotary cos and sin of positions offset.. (Tq, Dh/2) each, or None."""
+        return None if self.rotary is None else self.rotary(offset, steps)
+
+    def mask(
+        self, offset: int | Tensor, queries: int, keys: int, mask: Tensor | None, causal: bool,
+        dtype: torch.dtype,
+    ) -> Tensor | None:  # fmt: skip
+        """With a relative bias: (B or 1, H, Tq, Tk) the bias of queries at offset.. over keys
+        0..Tk-1 plus ``mask`` (additive, broadcastable) and, if ``causal``, the causal mask:
+        the one mask of every layer. Without one: ``mask`` as it is."""
+        if self.relative_bias is None:
+            return mask
+        bias = self.relative_bias(offset, queries, keys).to(dtype)  # (1, H, Tq, Tk)
+        if causal:  # (an int offset: a static step has one query and a length mask)
+            later = torch.ones(queries, keys, dtype=torch.bool, device=bias.device)
+            later = later.triu(1 + offset)
+            bias = bias.masked_fill(later, torch.finfo(dtype).min)
+        return bias if mask is None else bias + mask
+
+
+def layer_mask(mask: Tensor | None, attn: MultiheadAttention) -> Tensor | None:
+    """A stack's mask for one layer: with a relative bias, that of its (unpruned) heads."""
+    if mask is None or attn.bias_heads is None or mask.size(1) == attn.num_heads:
+        return mask  # (a layer with all its heads has them in order)
+    return mask.index_select(1, attn.bias_heads)  # (B or 1, H_layer, Tq, Tk)
 
 
 def _final_norm(cfg: TransformerConfig) -> nn.Module:
@@ -74,10 +114,17 @@ class EncoderLayer(nn.Module):
         self.ffn = FeedForward(cfg)
         self.attn_block, self.ffn_block = Residual(cfg), Residual(cfg)
 
-    def forward(self, x: Tensor, attn_mask: Tensor | None, need_weights: bool) -> SublayerOut:
-        """attn_mask: the padding as :func:`transformer.masks.padding_bias` gives it."""
+    def forward(
+        self, x: Tensor, attn_mask: Tensor | None, need_weights: bool,
+        rotary: tuple[Tensor, Tensor] | None = None,
+    ) -> SublayerOut:  # fmt: skip
+        """attn_mask: the padding as :func:`transformer.masks.padding_bias` gives it (with a
+        relative bias: :meth:`StackPositions.mask`); rotary: the stack's cos and sin."""
         x, weights = self.attn_block(
-            x, lambda h: self.self_attn(h, attn_mask=attn_mask, need_weights=need_weights)
+            x,
+            lambda h: self.self_attn(
+                h, attn_mask=attn_mask, need_weights=need_weights, rotary=rotary
+            ),
         )
         x, _ = self.ffn_block(x, self.ffn)
         return x, weights
@@ -102,14 +149,25 @@ class DecoderLayer(nn.Module):
         need_weights: bool,
         memory_mask: Tensor | None = None,
         memory_kv: tuple[Tensor, Tensor] | None = None,
+        self_mask: Tensor | None = None,
+        rotary: tuple[Tensor, Tensor] | None = None,
     ) -> tuple[Tensor, Tensor | None, Tensor | None]:
         """memory_mask: the memory's padding as :func:`transformer.masks.padding_bias` gives it,
         in place of ``memory_pad_mask`` (True at padding), which cached decoding passes.
-        memory_kv: this layer's cross-attention keys and values, from :meth:`Decoder.memory_kv`."""
+        memory_kv: this layer's cross-attention keys and values, from :meth:`Decoder.memory_kv`.
+        self_mask, rotary: self-attention's positions (:class:`StackPositions`), if any."""
         # Targets are right-padded, so causality alone keeps every real query off padded keys;
         # padded queries attend to something harmless and their outputs are ignored by the loss.
         x, self_w = self.self_block(
-            x, lambda h: self.self_attn(h, causal=True, cache=self_cache, need_weights=need_weights)
+            x,
+            lambda h: self.self_attn(
+                h,
+                causal=True,
+                cache=self_cache,
+                need_weights=need_weights,
+                attn_mask=self_mask,
+                rotary=rotary,
+            ),  # fmt: skip
         )
         x, cross_w = self.cross_block(
             x,
@@ -132,14 +190,19 @@ class Encoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(EncoderLayer(cfg, i) for i in range(cfg.num_encoder_layers))
         self.norm = _final_norm(cfg)
+        self.positions = StackPositions(cfg, bidirectional=True)
 
     def forward(
         self, x: Tensor, pad_mask: Tensor | None, weights: list[Tensor] | None = None
     ) -> Tensor:
         """x (B, S, D) -> (B, S, D); appends each layer's (B, H, S, S) weights to ``weights``."""
-        mask = None if pad_mask is None else padding_bias(pad_mask, compute_dtype(x))  # one a batch
+        S, dtype = x.size(1), compute_dtype(x)
+        mask = None if pad_mask is None else padding_bias(pad_mask, dtype)  # one a batch
+        mask = self.positions.mask(0, S, S, mask, causal=False, dtype=dtype)
+        rotary = self.positions.rotations(0, S)
         for layer in self.layers:
-            x, w = layer(x, mask, need_weights=weights is not None)
+            attn_mask = layer_mask(mask, layer.self_attn)
+            x, w = layer(x, attn_mask, need_weights=weights is not None, rotary=rotary)
             if weights is not None:
                 weights.append(w)
         return self.norm(x)
@@ -150,6 +213,7 @@ class Decoder(nn.Module):
         super().__init__()
         self.layers = nn.ModuleList(DecoderLayer(cfg, i) for i in range(cfg.num_decoder_layers))
         self.norm = _final_norm(cfg)
+        self.positions = StackPositions(cfg, bidirectional=False)
 
     def memory_kv(self, memory: Tensor) -> list[tuple[Tensor, Tensor]]:
         """Every layer's cross-attention keys and values of ``memory`` (B, S, D), 2 x (B, Hkv, S,
@@ -171,10 +235,12 @@ class Decoder(nn.Module):
         cache: DecoderCache | None = None,
         self_weights: list[Tensor] | None = None,
         cross_weights: list[Tensor] | None = None,
+        offset: int | Tensor = 0,
     ) -> Tensor:
         """x (B, T, D) -> (B, T, D); appends (B, H, T, T') and (B, H, T, S) weights to the lists.
 
-        With a cache, ``memory`` and its mask come from the cache and T' counts cached steps too.
+        With a cache, ``memory`` and its mask come from the cache and T' counts cached steps too;
+        ``offset`` is then the position of the first new step (a static step's: a (1,) tensor).
         """
         need_weights = self_weights is not None
         # Built once for all layers; cached steps take the cache's pad mask, keys and values.
@@ -186,14 +252,30 @@ class Decoder(nn.Module):
             if memory_pad_mask is not None:
                 memory_mask = padding_bias(memory_pad_mask, compute_dtype(x))
                 memory_pad_mask = None
+        self_mask, rotary = self._self_positions(x, cache, offset)
         for i, layer in enumerate(self.layers):
             self_cache = cache.self_attn[i] if cache is not None else None
             cross_cache = cache.cross_attn[i] if cache is not None else None
             x, self_w, cross_w = layer(
                 x, memory, memory_pad_mask, self_cache, cross_cache, need_weights, memory_mask,
-                kvs[i],
+                kvs[i], layer_mask(self_mask, layer.self_attn), rotary,
             )  # fmt: skip
             if need_weights:
                 self_weights.append(self_w)
                 cross_weights.append(cross_w)
         return self.norm(x)
+
+    def _self_positions(
+        self, x: Tensor, cache: DecoderCache | None, offset: int | Tensor
+    ) -> tuple[Tensor | None, tuple[Tensor, Tensor] | None]:
+        """Self-attention's mask with the relative bias (None without one) and rotary tables
+        (None without them) for the T new steps at ``offset``: causal over T steps uncached, over
+        the cached and new steps with a cache, behind its length mask when static."""
+        T, dtype = x.size(1), compute_dtype(x)
+        rotary = self.positions.rotations(offset, T)
+        if self.positions.relative_bias is None:
+            return None, rotary
+        if cache is not None and cache.static:  # one step, keys: the whole capacity
+            length = cache.self_attn[0].bias  # (1, 1, 1, capacity)
+            return self.positions.mask(offset, T, length.size(-1), length, False, dtype), rotary
+        return self.positions.mask(offset, T, offset + T, None, T > 1, dtype), rotary

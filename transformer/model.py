@@ -36,8 +36,12 @@ class Transformer(nn.Module):
         self.cfg = cfg
         src_tokens = self._embedding(cfg.src_vocab_size)
         tgt_tokens = src_tokens if cfg.share_all_embeddings else self._embedding(cfg.tgt_vocab_size)
-        self.src_embed = TransformerEmbedding(src_tokens, cfg.max_positions, cfg.dropout)
-        self.tgt_embed = TransformerEmbedding(tgt_tokens, cfg.max_positions, cfg.dropout)
+        self.src_embed = TransformerEmbedding(
+            src_tokens, cfg.max_positions, cfg.dropout, cfg.positions
+        )
+        self.tgt_embed = TransformerEmbedding(
+            tgt_tokens, cfg.max_positions, cfg.dropout, cfg.positions
+        )
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
         self.output = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
@@ -107,7 +111,7 @@ class Transformer(nn.Module):
         offset = cache.step_positions(tgt.size(1)) if cache is not None else 0
         self_w, cross_w = (attention.decoder_self, attention.cross) if attention else (None, None)
         x = self.decoder(
-            self.tgt_embed(tgt, offset), memory, memory_pad_mask, cache, self_w, cross_w
+            self.tgt_embed(tgt, offset), memory, memory_pad_mask, cache, self_w, cross_w, offset
         )  # (B, T, D)
         return x if return_hidden else self.output(x)  # (B, T, V)
 

@@ -2,10 +2,11 @@
 
 Weight decay applies to weight matrices only (``p.dim() >= 2``), never to biases, LayerNorm
 parameters or embeddings (a tied output projection is the target embedding, so it is not decayed
-either). The default schedule is the Transformer's: linear warmup to the peak learning rate, then
-decay with the inverse square root of the step. The budgeted schedules (:class:`BudgetLR`: linear,
-cosine, warmup-stable-decay) warm up the same way and reach their minimum when training ends, at
-``trainer.max_steps`` or ``trainer.max_time``.
+either), learned position tables and relative-bias tables included. The default schedule is the
+Transformer's: linear warmup to the peak learning rate, then decay with the inverse square root of
+the step. The budgeted schedules (:class:`BudgetLR`: linear, cosine, warmup-stable-decay) warm up
+the same way and reach their minimum when training ends, at ``trainer.max_steps`` or
+``trainer.max_time``.
 """
 
 from __future__ import annotations
@@ -25,11 +26,19 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer.budget import budget_progress, warn_if_epochs_end_first
+from transformer.embedding import TransformerEmbedding
+from transformer.positions import RelativeBias
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
     """Two AdamW groups: matrices with ``weight_decay``, everything else with none."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
+    embeddings |= {  # learned positions, relative biases: looked-up tables too
+        id(p)
+        for m in model.modules()
+        if isinstance(m, TransformerEmbedding | RelativeBias)
+        for p in m.parameters(recurse=False)
+    }
     decay, no_decay = [], []
     for p in model.parameters():  # shared (tied) parameters come once
         if not p.requires_grad:

@@ -1,13 +1,13 @@
 """What a run resumed from ``ckpt_path=`` checks against its checkpoint before any data work.
 
-The checkpoint must hold the whole training state (``last.ckpt`` or a best checkpoint; not an
-epoch checkpoint, which holds weights only, nor an average). Its data settings must be the run's:
-the languages, the vocabulary mode (joint or separate) and the kind of each corpus; where a
-corpus lies may change (another machine, a copy). Its model must be the configured one, option for
-option, except the dropouts (they change the training, not the model), ``max_positions`` (the
-sinusoidal table is no weight) and pruned heads (taken from the checkpoint by
-``training.adopt_pruned_heads``). Each mismatch is one :class:`ConfigError` naming both values
-and the option to set.
+The checkpoint must hold the whole training state (``last.ckpt`` or a best checkpoint; not an epoch
+checkpoint, which holds weights only, nor an average). Its data settings must be the run's: the
+languages, the vocabulary mode (joint or separate) and the kind of each corpus; where a corpus lies
+may change (another machine, a copy). Its model must be the configured one, option for option,
+except the dropouts (they change the training, not the model), ``max_positions`` (the sinusoidal and
+rotary tables are no weights; learned positions are, and keep it) and pruned heads (taken from the
+checkpoint by ``training.adopt_pruned_heads``). Each mismatch is one :class:`ConfigError` naming
+both values and the option to set.
 """
 
 from __future__ import annotations
@@ -114,7 +114,10 @@ def check_model(
         stored = TransformerConfig(**stored).to_dict()  # its defaults filled in (num_kv_heads)
     except (TypeError, ValueError) as err:  # edited, or written by other code
         raise CheckpointError(f"{path}: its model config is invalid: {err}") from err
-    differ = [k for k in given if k not in FREE_MODEL_OPTIONS and stored.get(k) != given[k]]
+    free = set(FREE_MODEL_OPTIONS)
+    if given["positions"] == "learned":  # its table is a weight of max_positions rows
+        free.discard("max_positions")
+    differ = [k for k in given if k not in free and stored.get(k) != given[k]]
     if not differ:
         return
     fix = {

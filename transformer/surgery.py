@@ -60,7 +60,8 @@ def _rows(heads: Sequence[int], head_dim: int, start: int = 0) -> Tensor:
 
 def selection(model: Transformer, heads: Iterable[HeadKey]) -> Selection:
     """What pruning ``heads`` keeps of each parameter it touches: rows of the Q, K, V
-    projections (weights and biases), columns of the output projections."""
+    projections (weights and biases), columns of the output projections, and the heads a
+    relative bias keeps (``bias_heads``)."""
     heads = set(heads)
     names = {id(module): name for name, module in model.named_modules()}
     kept: Selection = {}
@@ -83,6 +84,8 @@ def selection(model: Transformer, heads: Iterable[HeadKey]) -> Selection:
                 for param in ("weight", "bias"):
                     kept[f"{prefix}.{projection}.{param}"] = (0, rows)
             kept[f"{prefix}.out_proj.weight"] = (1, q)
+            if module.bias_heads is not None:  # which heads of the stack's relative bias it reads
+                kept[f"{prefix}.bias_heads"] = (0, torch.tensor(keep, dtype=torch.long))
     return kept
 
 

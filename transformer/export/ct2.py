@@ -5,10 +5,15 @@ Every option of :class:`transformer.config.TransformerConfig` maps onto
 grouped-query and multi-query attention, tied and shared embeddings (CTranslate2 stores equal
 tensors once), the sqrt(d_model) embedding scale and the layer-norm epsilon. Our fused QKV (self-)
 and KV (cross-attention) projections are CTranslate2's own layout. The sinusoidal table is given
-explicitly: CTranslate2's built-in one starts at position 1 and puts sin and cos in two halves,
-ours starts at 0 and interleaves them. The directory holds ``model.bin``, ``config.json``, the
-vocabulary, both SentencePiece models, ``transformer_nmt.json`` (what was exported, its data
-settings and our decoding defaults) and a README on translating with it.
+explicitly: CTranslate2's built-in one starts at position 1 and puts sin and cos in two halves, ours
+starts at 0 and interleaves them; learned positions (``model.positions=learned``) go in the same
+place. Rotary positions are CTranslate2's ``rotary_dim=0`` (every dimension) with
+``rotary_interleave=False`` (halves, as ours); the relative bias is its T5
+``relative_attention_bias`` (bidirectional in the encoder, causal in the decoder), given to every
+layer as our one table per stack (CTranslate2 computes the first layer's and reuses it). The
+directory holds ``model.bin``, ``config.json``, the vocabulary, both SentencePiece models,
+``transformer_nmt.json`` (what was exported, its data settings and our decoding defaults) and a
+README on translating with it.
 
 A pruned model (``python -m transformer.prune``) converts exactly, but CTranslate2 has one head
 count per encoder or decoder (its attention layers take ``num_heads`` from the stack), so the
@@ -26,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import torch
 from torch import Tensor, nn
 
 from transformer.checkpoints import (
@@ -39,6 +45,7 @@ from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
 from transformer.model import ATTENTION_TYPES, Transformer
 from transformer.outputs import check_output_directory, replace_directory
+from transformer.positions import RELATIVE_MAX_DISTANCE, ROTARY_BASE
 from transformer.surgery import restore_heads
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
@@ -61,7 +68,7 @@ CONVERTED_OPTIONS = frozenset(
     "src_vocab_size tgt_vocab_size d_model num_heads num_kv_heads num_encoder_layers "
     "num_decoder_layers d_ff dropout attention_dropout activation_dropout activation norm_first "
     "bias layer_norm_eps max_positions tie_output_embeddings share_all_embeddings pad_id "
-    "heads_per_layer".split()
+    "heads_per_layer positions".split()
 )
 
 
@@ -76,6 +83,14 @@ def check_convertible(model: Transformer) -> None:
             )
     for kind in ATTENTION_TYPES:
         for layer, module in enumerate(model.attention_modules(kind)):
+            heads = module.bias_heads
+            if heads is not None and not heads.equal(torch.arange(len(heads), device=heads.device)):
+                raise ConfigError(
+                    f"model.positions=relative cannot be exported to CTranslate2 with {kind} "
+                    f"layer {layer} pruned to heads {heads.tolist()}: CTranslate2 gives every "
+                    "layer the relative bias of heads 0, 1, ... in order; export the unpruned "
+                    "model, or prune only each layer's last heads"
+                )
             if module.head_mask is not None:
                 raise ConfigError(
                     f"{kind} attention of layer {layer} has a head mask (masked or scaled "
@@ -112,6 +127,10 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     cfg = model.cfg
     act = common_spec.Activation.RELU if cfg.activation == "relu" else common_spec.Activation.GELU
     shape = dict(pre_norm=cfg.norm_first, activation=act, num_heads_kv=cfg.num_kv_heads)
+    if cfg.positions == "rope":  # every dimension, in halves
+        shape.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
+    elif cfg.positions == "relative":
+        shape.update(relative_attention_bias=True)
     encoder = ts.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **shape)
     decoder = ts.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **shape)
 
@@ -119,7 +138,17 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
         tokens = side.embeddings[0] if isinstance(side.embeddings, list) else side.embeddings
         tokens.weight = _array(embed.tokens.weight)
         side.scale_embeddings = embed.scale  # sqrt(d_model)
-        side.position_encodings.encodings = _array(embed.positions)  # (max_positions, D)
+        if embed.positions is not None:  # sinusoidal or learned: (max_positions, D)
+            side.position_encodings.encodings = _array(embed.positions)
+    for side, stack in ((encoder, model.encoder), (decoder, model.decoder)):
+        if stack.positions.relative_bias is not None:  # (buckets, H), every layer the same
+            for spec in side.layer:
+                spec.self_attention.relative_attention_bias = _array(
+                    stack.positions.relative_bias.weight
+                )
+                spec.self_attention.relative_attention_max_distance = np.int32(
+                    RELATIVE_MAX_DISTANCE
+                )
     for spec, layer in zip(encoder.layer, model.encoder.layers, strict=True):
         _norm(spec.self_attention.layer_norm, layer.attn_block.norm)
         _linear(spec.self_attention.linear[0], layer.self_attn.qkv_proj)
