@@ -7,9 +7,10 @@ cross entropy on their full (B, T, V) logits, as a Hugging Face or fairseq loop 
 is its own training loss (TranslationModule's): the output projection fused with the loss, in
 chunks, over the non-pad positions only (transformer/loss.py). --full-logits-too adds "ours, full
 logits": a copy of ours trained with the peers' loss. --compiled-too adds "ours, compiled": a copy
-of ours under torch.compile, beside the eager one. --tgt-pad-mask-too adds torch.nn.Transformer
-given the target padding mask, as users usually call it (causality alone guards right-padded
-targets, so the others go without).
+of ours under torch.compile, beside the eager one. --positions-too P,... adds "ours, positions=P":
+ours with another position encoding (model.positions), its own loss. --tgt-pad-mask-too adds
+torch.nn.Transformer given the target padding mask, as users usually call it (causality alone
+guards right-padded targets, so the others go without).
 
 How it is timed:
   1. a warm pass: every distinct batch shape of the timed steps, once for every system (cuDNN's
@@ -102,7 +103,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
@@ -173,6 +174,7 @@ SDPA_BACKENDS = {
 
 FULL_LOGITS = "ours, full logits"  # a copy of ours trained with the peers' loss
 COMPILED = "ours, compiled"  # a copy of ours under torch.compile
+POSITIONS = "ours, positions="  # + a model.positions value: ours with that position encoding
 TORCH_TGT_PAD = "torch.nn.Transformer, target padding mask"  # as users usually call it
 
 
@@ -383,6 +385,7 @@ def build_systems(
     tgt_pad_mask_too: bool = False,
     compiled_too: bool = False,
     peers: bool = True,
+    positions_too: Sequence[str] = (),
 ) -> dict[str, nn.Module]:
     torch.manual_seed(0)
     systems: dict[str, nn.Module] = {"ours": Transformer(cfg)}
@@ -390,6 +393,9 @@ def build_systems(
         systems[FULL_LOGITS] = copy.deepcopy(systems["ours"])
     if compiled_too:
         systems[COMPILED] = copy.deepcopy(systems["ours"])
+    for positions in positions_too:
+        torch.manual_seed(0)
+        systems[POSITIONS + positions] = Transformer(replace(cfg, positions=positions))
     if not peers:
         return systems
     # causal mask only, like ours and Marian (right-padded targets need no padding mask)
@@ -499,6 +505,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--tgt-pad-mask-too", action="store_true",
         help=f"add '{TORCH_TGT_PAD}': torch.nn.Transformer given the target padding mask too",
     )  # fmt: skip
+    p.add_argument(
+        "--positions-too", default="", metavar="P,...",
+        help=f"add '{POSITIONS}P' for each model.positions value P (learned, rope, relative)",
+    )  # fmt: skip
     p.add_argument("--no-peers", action="store_true", help="ours (and its variants) only")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--steps", type=int, default=50, help="timed batches (each system, each one)")
@@ -538,7 +548,7 @@ def main(argv: Sequence[str] | None = None) -> Result:
     notes: list[str] = []
     systems = build_systems(
         cfg, notes, args.full_logits_too, args.tgt_pad_mask_too, args.compiled_too,
-        peers=not args.no_peers,
+        peers=not args.no_peers, positions_too=[p for p in args.positions_too.split(",") if p],
     )  # fmt: skip
     steps: dict[str, Callable[[Batch, int], Tensor]] = {}
     opts, params = {}, {}
@@ -549,7 +559,7 @@ def main(argv: Sequence[str] | None = None) -> Result:
         opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
         compiled = args.compile or name == COMPILED
         runner = torch.compile(model, mode=args.compile_mode) if compiled else model
-        if name in ("ours", COMPILED):
+        if name in ("ours", COMPILED) or name.startswith(POSITIONS):
             loss = own_loss(model, runner, args.label_smoothing)
         else:
             loss = logits_loss(runner, args.label_smoothing)

@@ -179,3 +179,12 @@ def test_eole_model_has_our_sizes_and_interface() -> None:
     batch = make_batches(1, 500, cfg.tgt_vocab_size, (10, 20), multiple=1)[0]
     src, tgt_in, _ = batch
     assert eole(src, tgt_in).shape == (*tgt_in.shape, cfg.tgt_vocab_size)
+
+
+def test_positions_too_times_ours_with_each_position_encoding() -> None:
+    result = main(["--dry-run", "--no-peers", "--positions-too", "rope,relative"])
+    systems = [row.name for row in result.rows]
+    assert systems == ["ours", "ours, positions=rope", "ours, positions=relative"]
+    built = bench_train.build_systems(model_config("tiny", 64, 0.0), [], positions_too=["rope"])
+    assert built["ours, positions=rope"].cfg.positions == "rope"
+    assert built["ours"].cfg.positions == "sinusoidal"
