@@ -187,8 +187,10 @@ def test_resample_draws_alike_under_one_seed(make_dm):
     tok = make_dm().src_tokenizer
     ids = tok.encode("a child plays with a red ball near the big house.")
     again = [tok.resample(ids, 0.1, -1, seed) for seed in (5, 6, 5)]
-    assert again[0] == again[2] != again[1]
+    assert again[0] == again[2]
     assert tok.decode(again[1]) == tok.decode(ids)
+    # Two seeds may draw the same segmentation; twenty draw more than one.
+    assert len({tuple(tok.resample(ids, 0.1, -1, seed)) for seed in range(20)}) > 1
     with_unknown = [*ids[:3], UNK_ID, *ids[3:]]
     assert tok.resample(with_unknown, 0.1, -1, 5) == with_unknown
 
