@@ -124,11 +124,13 @@ def translate_file(
     with ``prefixes=FILE``, each line's prefix read beside it (:func:`with_prefixes`)."""
     path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
     wanted, met = None, [0, 0]  # constraints=FILE: each line's phrases; phrases met, phrases
+    lines = None  # the input's, counted once for the files beside it (None: standard input)
+    if cfg.get("constraints") is not None or cfg.prefixes is not None:
+        lines = _line_count(str(cfg.input), read_through=True)
     if cfg.get("constraints") is not None:
-        count = _line_count(str(cfg.input), read_through=True)
-        wanted = read_constraints(str(cfg.constraints), count, f"input={cfg.input}")
+        wanted = read_constraints(str(cfg.constraints), lines, f"input={cfg.input}")
     if cfg.prefixes is not None:
-        chunks = with_prefixes(cfg, chunks, done)
+        chunks = with_prefixes(cfg, chunks, done, lines)
 
     def translate(items: list, first: int) -> list[str]:
         lines, prefixes = items, None
@@ -183,14 +185,14 @@ def split_prefixes(cfg: DictConfig, sentences: int) -> list[str] | None:
 
 
 def with_prefixes(
-    cfg: DictConfig, chunks: Iterator[tuple[int, list[str]]], done: int
+    cfg: DictConfig, chunks: Iterator[tuple[int, list[str]]], done: int, lines: int | None
 ) -> Iterator[tuple[int, list[tuple[str, str]]]]:
     """input=...'s chunks of lines as chunks of (line, its prefix) pairs, ``prefixes=FILE``
-    read in the same chunks from line ``done`` on. Line counts are compared here, before any
-    translation (input=FILE), or as the lines come (input=-): a difference is a DataError naming
-    both files and their counts, never a misalignment."""
+    read in the same chunks from line ``done`` on. ``lines``: the input's line count (None for
+    standard input). Line counts are compared here, before any translation (input=FILE), or as
+    the lines come (input=-): a difference is a DataError naming both files and their counts,
+    never a misalignment."""
     source, counted = str(cfg.input), _line_count(str(cfg.prefixes), read_through=True)
-    lines = _line_count(source, read_through=True)
     if lines is not None and lines != counted:
         raise _count_mismatch(cfg, counted, f"input={source}", lines)
     prefix_chunks = read_line_chunks(str(cfg.prefixes), cfg.input_chunk, done)

@@ -105,8 +105,7 @@ def search(
     sentence's target phrases (beam search only, :mod:`transformer.decoding.constraints`);
     ``target_prefix`` (B, P), padded: each translation's given start
     (:mod:`transformer.decoding.prefix`)."""
-    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask)
-    ids["target_prefix"] = target_prefix
+    ids = dict(bos_id=BOS_ID, eos_id=EOS_ID, src_pad_mask=src_pad_mask, target_prefix=target_prefix)
     if constraints is not None and options.strategy != "beam":
         raise ConfigError(
             f"constraints need beam search; decode.strategy={options.strategy} cannot place "
