@@ -615,7 +615,7 @@ def test_a_prefixes_file_of_another_length_or_mode_is_refused(trained, tmp_path,
             ))  # fmt: skip
     for overrides, message in [
         (["prefixes=none.txt"], "prefixes=none.txt: no such file"),
-        ([f"prefixes={source}", "score=true"], "starts translations; score=true makes none"),
+        ([f"prefixes={source}", "score=true"], "guides translations; score=true makes none"),
         ([f"prefixes={source}", "analysis=maps"], "analysis=maps makes none"),
     ]:
         with pytest.raises(ConfigError, match=message):

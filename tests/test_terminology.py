@@ -115,7 +115,7 @@ def test_constraints_outside_beam_search_or_misaligned_are_refused(trained, tmp_
             ConfigError,
             "leave out decode.strategy=greedy",
         ),
-        (["score=true", f"constraints={short}"], ConfigError, "leave out score=true"),
+        (["score=true", f"constraints={short}"], ConfigError, "guides translations; score=true"),
         (["input=-", f"constraints={short}"], ConfigError, r"leave out input=- \(standard input"),
         (["constraints=none.jsonl"], ConfigError, "constraints=none.jsonl: no such file"),
         ([f"constraints={short}"], DataError, r"short.jsonl has 1 lines but split=test has 32"),

@@ -34,16 +34,10 @@ from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError
-from transformer.evaluation_files import (
-    check_outputs,
-    check_prefixes,
-    score_pairs,
-    split_prefixes,
-    translate_file,
-)
+from transformer.evaluation_files import check_outputs, score_pairs, translate_file
+from transformer.evaluation_guides import ConstraintsMet, check_guides, split_guides
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
-from transformer.terminology import constraints_met, read_constraints
 from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -178,29 +172,7 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         )
     if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
         raise ConfigError(f"input={cfg.input}: no such file")
-    check_prefixes(cfg, options, analysis)
-    _check_constraints(cfg, options, analysis)
-
-
-def _check_constraints(cfg: DictConfig, options: DecodeOptions, analysis: str | None) -> None:
-    """``constraints=FILE``: a file, for our beam search translating a split or input=FILE."""
-    path = cfg.get("constraints")
-    if path is None:
-        return
-    for wrong, name in (
-        (cfg.get("engine", "torch") != "torch", f"engine={cfg.get('engine')}"),
-        (cfg.score, "score=true"),
-        (analysis is not None, f"analysis={analysis}"),
-        (options.strategy != "beam", f"decode.strategy={options.strategy}"),
-        (cfg.input == "-", "input=- (standard input, whose lines cannot be counted first)"),
-    ):
-        if wrong:
-            raise ConfigError(
-                f"constraints={path} needs our beam search translating a split or input=FILE; "
-                f"leave out {name} (or the constraints)"
-            )
-    if not Path(str(path)).is_file():
-        raise ConfigError(f"constraints={path}: no such file")
+    check_guides(cfg, options, analysis)
 
 
 def _ct2_translator(
@@ -302,18 +274,15 @@ def _score_split(
 ) -> dict[str, Any]:
     """The split's translations (hypotheses.txt) and their scores, with ``run`` (metrics.json)."""
     pairs = corpus.pairs(cfg.split, cfg.direction)
-    wanted = None
-    if cfg.get("constraints") is not None:
-        wanted = read_constraints(str(cfg.constraints), len(pairs.src), f"split={cfg.split}")
-    prefixes = split_prefixes(cfg, len(pairs.src))
+    guides = split_guides(cfg, len(pairs.src))  # prefixes=, constraints= (our engine's alone)
     start = time.perf_counter()
-    more = {} if wanted is None else {"constraints": wanted}  # our engine's alone
-    translated = translator.translate(pairs.src, options, max_tokens, prefixes=prefixes, **more)
+    translated = translator.translate(pairs.src, options, max_tokens, **guides)
     hypotheses = [t[0].text for t in translated]  # on the host: done
     seconds = time.perf_counter() - start
-    if wanted is not None:
-        met, total = constraints_met(hypotheses, wanted, translator.tgt_tokenizer)
-        run = {**run, "constraints": {"file": str(cfg.constraints), "met": met, "total": total}}
+    if "constraints" in guides:
+        met = ConstraintsMet(cfg)
+        met.count(hypotheses, guides["constraints"], translator.tgt_tokenizer)
+        run = {**run, "constraints": met.record()}
     metrics = {
         **score_translations(hypotheses, pairs.tgt).to_dict(),
         "split": corpus.split_name(cfg.split, cfg.direction),  # the name

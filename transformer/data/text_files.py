@@ -135,6 +135,17 @@ def count_lines(path: str) -> int | None:
     return count + (last != b"\n")
 
 
+def line_count(source: str, read_through: bool) -> int | None:
+    """A file's lines: a plain file's counted; a gzipped one's only when ``read_through`` (it is
+    decompressed for it); None for standard input (``-``)."""
+    if source == "-":
+        return None
+    total = count_lines(source)
+    if total is None and read_through:
+        total = sum(len(block) for block in iter_line_blocks(source))
+    return total
+
+
 def line_blocks(reads: Iterable[bytes], origin: str) -> Iterator[list[str]]:
     """Consecutive pieces of UTF-8 text -> lists of its lines without their line ends, each list
     the whole lines of one piece; ``origin`` names the input in errors.
