@@ -1,18 +1,20 @@
 """BLEU of a checkpoint's translations by source length, and on sources longer than any it was
 trained on: how a position encoding (``model.positions``) holds up as sentences grow.
 
-    python bench/bench_length_buckets.py OUT/checkpoints/last.ckpt --data ../shared/data/multi30k
+    python bench/bench_length_buckets.py "OUT/checkpoints/epochs/*.ckpt" --data /path/to/multi30k
         [--sets test_2016_flickr,test_2017_flickr,test_2017_mscoco] [--beam 5]
         [--buckets 10,15,20,30] [--json FILE]
 
-For each test set: BLEU and BLEU -lc (sacreBLEU, as ``evaluate.py`` scores) of the sentences in
-each bucket of source length in pieces (the model's positions; ``--buckets`` are the upper edges),
-then on **long** sources: consecutive test pairs joined (sources with sources, references with
-references) until each source has more pieces than the longest training source, within the
-model's ``max_positions``. ``long, apart`` scores the same joined references against the parts'
-own translations joined, so that ``long`` minus ``apart`` is what translating the long source in
-one piece costs, the model's quality aside; the length ratio (translation tokens / reference
-tokens) tells a translation that stops after its first sentence from a wrong one.
+The checkpoint is read as ``evaluate.py``'s ``ckpt_path``: a path, or a glob pattern whose
+matches are averaged (a run's last 10 epochs, the recipe's score). For each test set: BLEU and
+BLEU -lc (sacreBLEU, as ``evaluate.py`` scores) of the sentences in each bucket of source length
+in pieces (the model's positions; ``--buckets`` are the upper edges), then on **long** sources:
+consecutive test pairs joined (sources with sources, references with references) until each
+source has more pieces than the longest training source, within the model's ``max_positions``.
+``long, apart`` scores the same joined references against the parts' own translations joined, so
+that ``long`` minus ``apart`` is what translating the long source in one piece costs, the model's
+quality aside; the length ratio (translation tokens / reference tokens) tells a translation that
+stops after its first sentence from a wrong one.
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import sacrebleu
 import torch
 
 from transformer.checkpoints import (
-    load_checkpoint,
+    load_or_average,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
 from transformer.decoding import DecodeOptions
+from transformer.evaluation import checkpoint_paths
 from transformer.translate import Translator
 
 TEST_SETS = "test_2016_flickr,test_2017_flickr,test_2017_mscoco"
@@ -75,7 +78,7 @@ def joined_groups(lengths: list[int], longer_than: int, limit: int) -> list[list
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("ckpt")
+    parser.add_argument("ckpt", help="a checkpoint, or a glob pattern of checkpoints to average")
     parser.add_argument("--data", required=True, help="directory of the Multi30k .gz files")
     parser.add_argument("--sets", default=TEST_SETS)
     parser.add_argument("--src", default="en")
@@ -86,7 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_grad_enabled(False)
 
-    ckpt = load_checkpoint(args.ckpt)
+    ckpt = load_or_average(checkpoint_paths(args.ckpt))
     src_tok, tgt_tok = tokenizers_from_checkpoint(ckpt, args.ckpt)
     model = model_from_checkpoint(ckpt, args.ckpt).eval()
     translator = Translator(model, src_tok, tgt_tok)

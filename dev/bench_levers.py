@@ -47,6 +47,25 @@ SCORED = ("val", *TEST_SETS)  # val to choose by (beam 5, the whole set); the te
 # dropout on the attention weights and on the FFN's hidden activations (the recipes: none)
 ATTNDROP = ["model.attention_dropout=0.1", "model.activation_dropout=0.1"]
 
+# The research features of 2026-11-26, levers of both recipes: subword regularisation
+# (docs/data.md) and position encodings (the recipes: sinusoidal; docs/experiments/positions.md).
+RESEARCH_LEVERS: dict[str, list[str]] = {
+    # subword regularisation (docs/data.md): Kudo (2018)'s small-corpus setting, the 64 best
+    # segmentations at alpha 0.1; on Multi30k 1.1x the pieces (the whole lattice at 0.1: 1.9-2x),
+    # so the hour is not spent on much longer sequences, but its n-best search costs the loader a
+    # fifth to half of a core (docs/benchmarks.md, "Subword sampling in the loader")
+    "spm_sampling": ["data.spm_sampling.alpha=0.1", "data.spm_sampling.nbest=64"],
+    # the whole lattice at Kudo's alpha 0.2: 1.3x the pieces, under a tenth of a core
+    "spm_lattice": ["data.spm_sampling.alpha=0.2"],
+    # BPE-dropout (Provilkov et al. 2020, p=0.1) against a BPE vocabulary of the recipe's size
+    "bpe": ["data.spm_model_type=bpe"],
+    "bpe_dropout": ["data.spm_model_type=bpe", "data.spm_sampling.alpha=0.1"],
+    # position encodings
+    "learned": ["model.positions=learned"],
+    "rope": ["model.positions=rope"],
+    "relative": ["model.positions=relative"],
+}
+
 # name -> overrides of the recipe; each lever alone (README, "Budgeted training").
 LEVERS: dict[str, list[str]] = {
     "recipe": [],
@@ -75,20 +94,7 @@ LEVERS: dict[str, list[str]] = {
     "lr1e-2": ["optim.optimizer.lr=1.0e-2"],
     # half the recipe's 4096-token batches: twice the updates for the same tokens, each noisier
     "tokens2048": ["data.max_tokens=2048"],
-    # subword regularisation (docs/data.md): Kudo (2018)'s small-corpus setting, the 64 best
-    # segmentations at alpha 0.1; on Multi30k 1.1x the pieces (the whole lattice at 0.1: 1.9-2x),
-    # so the hour is not spent on much longer sequences, but its n-best search costs the loader a
-    # fifth to half of a core (docs/benchmarks.md, "Subword sampling in the loader")
-    "spm_sampling": ["data.spm_sampling.alpha=0.1", "data.spm_sampling.nbest=64"],
-    # the whole lattice at Kudo's alpha 0.2: 1.3x the pieces, under a tenth of a core
-    "spm_lattice": ["data.spm_sampling.alpha=0.2"],
-    # BPE-dropout (Provilkov et al. 2020, p=0.1) against a BPE vocabulary of the recipe's size
-    "bpe": ["data.spm_model_type=bpe"],
-    "bpe_dropout": ["data.spm_model_type=bpe", "data.spm_sampling.alpha=0.1"],
-    # position encodings (the recipe: sinusoidal); docs/experiments/positions.md
-    "learned": ["model.positions=learned"],
-    "rope": ["model.positions=rope"],
-    "relative": ["model.positions=relative"],
+    **RESEARCH_LEVERS,
 }
 
 
@@ -105,6 +111,7 @@ GPU_LEVERS: dict[str, list[str]] = {
     "seed1": ["seed=1"],
     "attndrop0.1": ATTNDROP,
     "ls0.2": ["loss.label_smoothing=0.2"],
+    **RESEARCH_LEVERS,
 }
 # Every GPU run: cheaper validation (val/bleu is monitoring here, not the score), no maps.
 GPU_COMMON = ["validation.bleu_sentences=300", "~callbacks.attention_maps"]
