@@ -20,11 +20,10 @@ from transformer.data.text_files import line_count, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import ConfigError, DataError
-from transformer.evaluation_guides import ConstraintsMet, with_prefixes
+from transformer.evaluation_guides import ConstraintsMet, input_guides
 from transformer.export.ct2_translate import CT2Translator
 from transformer.outputs import check_not_input
 from transformer.streaming import append_chunks, whole_items
-from transformer.terminology import read_constraints
 from transformer.translate import Translator, output_lines
 
 log = logging.getLogger(__name__)
@@ -105,16 +104,11 @@ def translate_file(
     out_dir: Path,
 ) -> dict[str, Any]:
     """input=FILE: its translations, ``options.nbest`` lines per line, written as they come;
-    with ``prefixes=FILE``, each line's prefix read beside it (:func:`with_prefixes`)."""
+    with ``prefixes=FILE`` and ``constraints=FILE``, each line's read beside it
+    (:func:`transformer.evaluation_guides.input_guides`)."""
     path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
-    wanted, met = None, ConstraintsMet(cfg)  # constraints=FILE: each line's phrases
-    lines = None  # the input's, counted once for the files beside it (None: standard input)
-    if cfg.get("constraints") is not None or cfg.prefixes is not None:
-        lines = line_count(str(cfg.input), read_through=True)
-    if cfg.get("constraints") is not None:
-        wanted = read_constraints(str(cfg.constraints), lines, f"input={cfg.input}")
-    if cfg.prefixes is not None:
-        chunks = with_prefixes(cfg, chunks, done, lines)
+    chunks, wanted = input_guides(cfg, chunks, done)  # wanted: each line's phrases, or None
+    met = None if wanted is None else ConstraintsMet(cfg)
 
     def translate(items: list, first: int) -> list[str]:
         lines, prefixes = items, None
@@ -123,13 +117,13 @@ def translate_file(
         phrases = None if wanted is None else wanted[first : first + len(lines)]
         more = {} if phrases is None else {"constraints": phrases}  # our engine's alone
         out = translator.translate(lines, options, max_tokens, first, prefixes=prefixes, **more)
-        if phrases is not None:
+        if met is not None:
             met.count([t[0].text for t in out], phrases, translator.tgt_tokenizer)
         return output_lines(out, options)
 
     written = append_chunks(path, chunks, translate, total, done)
     result = {"output": str(path), "lines": done + written, "resumed_at": done}
-    if wanted is not None:  # of the lines translated by this run
+    if met is not None:  # of the lines translated by this run
         result["constraints"] = met.record()
     return result
 

@@ -93,7 +93,24 @@ def _count_mismatch(cfg: DictConfig, prefixes: int, origin: str, lines: int | st
     )
 
 
-def with_prefixes(
+def input_guides(
+    cfg: DictConfig, chunks: Iterator[tuple[int, list[str]]], done: int
+) -> tuple[Iterator[tuple[int, list]], list[list[str]] | None]:
+    """input=FILE's guides, from line ``done`` on: its chunks of lines, as (line, prefix) pairs
+    with ``prefixes=FILE`` (:func:`_with_prefixes`), and ``constraints=FILE``'s phrases, a list
+    a line (None without it). The input's lines are counted once, for both files."""
+    if cfg.prefixes is None and cfg.get("constraints") is None:
+        return chunks, None
+    lines = line_count(str(cfg.input), read_through=True)  # None: standard input
+    wanted = None
+    if cfg.get("constraints") is not None:
+        wanted = read_constraints(str(cfg.constraints), lines, f"input={cfg.input}")
+    if cfg.prefixes is not None:
+        chunks = _with_prefixes(cfg, chunks, done, lines)
+    return chunks, wanted
+
+
+def _with_prefixes(
     cfg: DictConfig, chunks: Iterator[tuple[int, list[str]]], done: int, lines: int | None
 ) -> Iterator[tuple[int, list[tuple[str, str]]]]:
     """input=...'s chunks of lines as chunks of (line, its prefix) pairs, ``prefixes=FILE``
