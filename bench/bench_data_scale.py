@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 import numpy as np
 
-from transformer.data.tokenizer import SPM_TRAIN_SENTENCES
+from transformer.data.tokenizer_training import SPM_TRAIN_SENTENCES
 
 VOCAB_WORDS = 50_000
 

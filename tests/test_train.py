@@ -30,7 +30,7 @@ from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config import ATTENTION_TYPES
 from transformer.config_checks import model_config, validate_config
-from transformer.data.tokenizer import SPM_TRAIN_SENTENCES
+from transformer.data.tokenizer_training import SPM_TRAIN_SENTENCES
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.lit_module import TranslationModule

@@ -24,7 +24,8 @@ from transformer.analysis.ranks import average_ranks, spearman
 from transformer.analysis.report import draw_maps, map_figures, write_samples, write_stats
 from transformer.analysis.roles import ROLES, head_roles
 from transformer.analysis.stats import head_stats
-from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from transformer.data.tokenizer import BOS_ID, EOS_ID
+from transformer.data.tokenizer_training import train_tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.model import ATTENTION_TYPES
 from transformer.translate import Translator

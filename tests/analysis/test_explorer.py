@@ -22,7 +22,8 @@ from transformer.analysis.maps import capture_probes, translate_probes
 from transformer.analysis.roles import head_roles
 from transformer.analysis.stats import STATS, head_stats
 from transformer.analysis.trends import TREND_COLUMNS, trend_charts, trend_rows
-from transformer.data.tokenizer import BOS_ID, EOS_ID, train_tokenizer
+from transformer.data.tokenizer import BOS_ID, EOS_ID
+from transformer.data.tokenizer_training import train_tokenizer
 from transformer.model import ATTENTION_TYPES
 
 SOURCES, REFERENCES = ["a dog runs in the park", "the red car"], ["ein hund läuft", "das auto"]

@@ -18,7 +18,7 @@ from transformer.data import text_files
 from transformer.data.hf_source import HFSource
 from transformer.data.sources import LocalSource
 from transformer.data.text_files import iter_line_blocks, iter_parallel_files, line_blocks
-from transformer.data.tokenizer import SentenceSample
+from transformer.data.tokenizer_training import SentenceSample
 from transformer.errors import DataError
 
 

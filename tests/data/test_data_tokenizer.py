@@ -19,7 +19,8 @@ from tests.tiny import (
     write_lines,
 )
 from transformer.data.spm_model import model_digest
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, train_tokenizer
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.data.tokenizer_training import train_tokenizer
 from transformer.errors import DataError
 
 
@@ -80,7 +81,7 @@ def test_two_processes_training_one_tokenizer_write_the_same_bytes(tmp_path):
     text = write_lines(tmp_path / "text", en + de)
     code = (
         "import sys; from transformer.data.text_files import read_lines; "
-        "from transformer.data.tokenizer import train_tokenizer; "
+        "from transformer.data.tokenizer_training import train_tokenizer; "
         f"train_tokenizer(read_lines(sys.argv[1]), sys.argv[2], {TINY_VOCAB})"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO))

@@ -8,7 +8,8 @@ from typing import Any
 
 from transformer.data.collate import Batch, Collator
 from transformer.data.sampler import TokenBudgetBatchSampler
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer, train_tokenizer
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
+from transformer.data.tokenizer_training import train_tokenizer
 from transformer.errors import DataError
 
 __all__ = [

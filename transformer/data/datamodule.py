@@ -20,7 +20,8 @@ from transformer.data.prepare import check_batching, prepare, tokenizer_files
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.subword_sampling import RowLimit, SampledSplit, sampling_options
 from transformer.data.token_cache import ConcatSplit, TokenizedSplit
-from transformer.data.tokenizer import PAD_ID, SPM_TRAIN_SENTENCES, Tokenizer
+from transformer.data.tokenizer import PAD_ID, Tokenizer
+from transformer.data.tokenizer_training import SPM_TRAIN_SENTENCES
 from transformer.errors import ConfigError, UserError
 
 log = logging.getLogger(__name__)

@@ -31,8 +31,9 @@ from transformer.data.token_cache import (
     build_split,
     fingerprint,
 )
-from transformer.data.tokenizer import SentenceSample, Tokenizer, train_tokenizer
+from transformer.data.tokenizer import Tokenizer
 from transformer.data.tokenizer_files import TokenizerFiles, save_missing
+from transformer.data.tokenizer_training import SentenceSample, train_tokenizer
 from transformer.errors import Interrupted
 
 log = logging.getLogger(__name__)
