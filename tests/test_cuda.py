@@ -1,9 +1,11 @@
 """What only a GPU can show: attention kernels, decoding, torch.compile and the
-training step on CUDA, in bf16. Skipped without a GPU; run them alone with ``pytest -m cuda``."""
+training step on CUDA, in bf16, for each position encoding; target prefixes and constraints on
+the GPU's decoding path. Skipped without a GPU; run them alone with ``pytest -m cuda``."""
 
 from __future__ import annotations
 
 import copy
+from contextlib import nullcontext
 
 import pytest
 import torch
@@ -13,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tests.decoding.test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
 from tests.tiny import lengths_to_pad_mask, padded_batch, tiny_model, tiny_model_config
-from transformer import KVCache, MultiheadAttention
+from transformer import KVCache, MultiheadAttention, Transformer
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
 from transformer.decoding.sampling import streams, uniforms
 from transformer.decoding.step import Stepper
@@ -28,6 +30,13 @@ pytestmark = [
 
 CUDA = torch.device("cuda")
 FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
+POSITIONS = ["sinusoidal", "learned", "rope", "relative"]
+
+
+def position_model(positions: str) -> Transformer:
+    """``random_model`` with these position encodings (seeded: the CPU's and GPU's copies agree)."""
+    torch.manual_seed(0)
+    return tiny_model(40, num_kv_heads=2, share_all_embeddings=True, positions=positions)
 
 
 def assert_relatively_close(got: Tensor, want: Tensor, tol: float) -> None:
@@ -160,13 +169,16 @@ def test_training_step_never_waits_for_the_gpu():
     torch.cuda.synchronize()
 
 
+@pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_graph_replays_give_the_eager_steps_logits(dtype):
+def test_graph_replays_give_the_eager_steps_logits(dtype, positions):
     """A cached step replayed from its CUDA graph (decode.graphs, on by default on a GPU) gives
     the log-probabilities of the same step run eagerly, at each batch size of a beam search:
     one row per sentence, the beams after their expansion, reordered in place, then a sentence
-    leaving (a new size, a new graph)."""
-    model, src = random_model().to(CUDA, dtype), sources().to(CUDA)
+    leaving (a new size, a new graph); the step's position (rotary angles, the relative bias's
+    row) moves on in the replayed graph as in the eager step."""
+    model = position_model(positions).to(CUDA, dtype)
+    src = sources().to(CUDA)
     steppers = [Stepper(model, src, src.eq(PAD), steps=8, graphs=g) for g in (True, False)]
     graphed = steppers[0].graphs[0]
     tokens = torch.randint(4, 40, (4 * 2, 8), device=CUDA)
@@ -199,11 +211,13 @@ def test_graph_replays_give_the_eager_steps_logits(dtype):
         assert graphed.graph is not None
 
 
+@pytest.mark.parametrize("positions", POSITIONS)
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
-def test_searches_decode_the_same_with_graphs_and_without(strategy):
+def test_searches_decode_the_same_with_graphs_and_without(strategy, positions):
     """Greedy, beam search and sampling on a GPU with CUDA graphs (the default) and without:
-    the same translations and scores."""
-    model, src = random_model().to(CUDA), sources().to(CUDA)
+    the same translations and scores, whatever the position encoding."""
+    model = position_model(positions).to(CUDA)
+    src = sources().to(CUDA)
     options = {
         "greedy": dict(strategy="greedy", max_len_b=8),
         "beam": dict(beam_size=3, nbest=3, max_len_b=8),
@@ -216,3 +230,63 @@ def test_searches_decode_the_same_with_graphs_and_without(strategy):
     assert [[h.tokens for h in s] for s in graphed] == [[h.tokens for h in s] for s in eager]
     for a, b in zip(graphed, eager, strict=True):
         assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+
+
+@pytest.mark.parametrize("positions", POSITIONS)
+@pytest.mark.parametrize(
+    ("dtype", "tol"), [(torch.float32, 1e-4), (torch.bfloat16, 0.25)], ids=["float32", "bf16"]
+)
+def test_training_on_fused_kernels_gives_the_float32_cpu_gradients(dtype, tol, positions):
+    """The teacher-forced forward and backward on the GPU with only fused attention kernels
+    allowed (a relative bias is an additive mask: the memory-efficient kernel computes its
+    gradient) give the states and every gradient of float32 on the CPU, the relative bias's and
+    the learned table's included: in float32 to within the kernels' summation order, in bf16
+    autocast to within its rounding (up to 12% of a gradient's norm on the CPU's bf16 path; a
+    lost gradient is off by all of it, one of the wrong sign by twice)."""
+    torch.manual_seed(0)
+    sizes = dict(d_model=128, num_heads=2, num_kv_heads=1, d_ff=256, dropout=0.0)
+    cpu = tiny_model(20, **sizes, positions=positions)
+    gpu = copy.deepcopy(cpu).to(CUDA)
+    batch = padded_batch([(12, 10), (5, 3), (9, 6)])
+    weights = torch.randn(3, 11, 128)  # the loss: the states' projection on fixed weights
+    results = []
+    for model, device in ((cpu, "cpu"), (gpu, "cuda")):
+        b = move_data_to_device(batch, device)
+        on_gpu = device == "cuda"
+        autocast = torch.autocast("cuda", dtype=dtype, enabled=on_gpu and dtype != torch.float32)
+        with autocast, sdpa_kernel(FUSED) if on_gpu else nullcontext():
+            hidden = hidden_states(model, b.src, b.tgt_in, b.src_pad_mask)  # (B, T, D)
+            (hidden.float() * weights.to(hidden.device)).sum().backward()
+        results.append([hidden, *(p.grad for p in model.parameters())])
+    names = ["states", *(name for name, _ in cpu.named_parameters())]
+    errors = {
+        name: ((got.float().cpu() - want).norm() / (want.norm() + 1e-6)).item()
+        for name, got, want in zip(names, *results[::-1], strict=True)
+    }
+    worst = max(errors, key=errors.get)
+    assert errors[worst] <= tol, f"{worst}: relative error {errors[worst]:.3g}"
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rope", "relative"])
+def test_prefixes_and_constraints_decode_on_the_gpu_as_on_the_cpu(positions):
+    """Target prefixes (greedy and beam search) and lexical constraints (beam search) on the
+    GPU's path (a static cache, CUDA graphs, the host reading every few steps), float32: the
+    CPU's translations and scores."""
+    model, src = position_model(positions), sources()
+    gpu = copy.deepcopy(model).to(CUDA)
+    prefixes = torch.tensor([[7, 8, PAD], [PAD, PAD, PAD], [9, PAD, PAD], [10, 11, 12]])
+    phrases = [[[13, 14]], [], [[15]], [[16], [17, 18]]]
+    ids = dict(bos_id=BOS, eos_id=EOS)
+    runs = [
+        (greedy_decode, dict(max_len_b=8), dict(target_prefix=prefixes)),
+        (beam_search, dict(beam_size=3, nbest=3, max_len_b=8), dict(target_prefix=prefixes)),
+        (beam_search, dict(beam_size=3, nbest=2, max_len_b=9), dict(constraints=phrases)),
+    ]
+    for search, options, extra in runs:
+        on_cpu = search(model, src, DecodeOptions(**options), **ids, **extra)
+        if "target_prefix" in extra:
+            extra = dict(target_prefix=prefixes.to(CUDA))
+        on_gpu = search(gpu, src.to(CUDA), DecodeOptions(**options, sync_every=3), **ids, **extra)
+        assert [[h.tokens for h in s] for s in on_gpu] == [[h.tokens for h in s] for s in on_cpu]
+        for a, b in zip(on_gpu, on_cpu, strict=True):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-3)

@@ -225,6 +225,37 @@ def test_cached_search_equals_uncached_on_the_cpu_and_the_gpu_path(
         assert flat == pytest.approx([s for sentence in uncached[1] for s in sentence], abs=1e-5)
 
 
+@pytest.mark.parametrize("strategy", ["greedy", "beam"])
+def test_every_relative_mask_has_the_layout_the_gpus_fused_kernels_take(
+    monkeypatch, strategy
+) -> None:
+    """CUDA's memory-efficient and cuDNN attention take an additive mask only when its last
+    dimension has stride 1; any other falls back to the math kernel (a (B, H, Tq, Tk) matrix per
+    layer, slower and larger). Every mask a relative model gives SDPA, in training and in both
+    decoding paths, has that layout."""
+    from transformer import attend
+
+    strides = []
+
+    def sdpa(q, k, v, attn_mask=None, **kwargs):
+        if attn_mask is not None:
+            strides.append(attn_mask.stride(-1))
+        return sdpa_of(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    sdpa_of = attend.sdpa
+    monkeypatch.setattr(attend, "sdpa", sdpa)
+    model = perturbed(tiny_model(positions="relative"))  # 4 heads
+    src, tgt = sources(), torch.randint(4, 50, (5, 7))
+    model(src, tgt).square().mean().backward()
+    sizes = dict(beam_size=4, nbest=2) if strategy == "beam" else {}
+    options = DecodeOptions(strategy=strategy, max_len_a=1.0, max_len_b=3, **sizes)
+    with torch.no_grad():
+        decode_all(model, src, options)
+        monkeypatch.setattr(kernels, "cpu_kernels", lambda x: False)  # static cache
+        decode_all(model, src, DecodeOptions(**{**vars(options), "sync_every": 3}))
+    assert len(strides) > 12 and set(strides) == {1}
+
+
 # -- checkpoints, resume, optimizer, pruning -------------------------------------------------
 
 

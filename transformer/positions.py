@@ -94,4 +94,5 @@ class RelativeBias(nn.Module):
         q = positions_of(offset, queries, self.weight.device)[:, None]  # (Tq, 1)
         k = torch.arange(keys, device=self.weight.device)[None, :]  # (1, Tk)
         bucket = relative_buckets(k - q, self.bidirectional)  # (Tq, Tk)
-        return self.weight[bucket].permute(2, 0, 1).unsqueeze(0)  # (1, H, Tq, Tk)
+        # Contiguous: CUDA's fused kernels take a mask only with a last-dimension stride of 1.
+        return self.weight[bucket].permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, H, Tq, Tk)
