@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from tests.decoding.test_decoding import decode_all
 from tests.test_learning import PAD, V, greedy, reversal_batch
 from tests.tiny import lengths_to_pad_mask, tiny_model
-from transformer import TransformerConfig, kernels
+from transformer import TransformerConfig, attend, kernels
 from transformer.checkpoints import model_from_checkpoint
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
@@ -233,8 +233,6 @@ def test_every_relative_mask_has_the_layout_the_gpus_fused_kernels_take(
     dimension has stride 1; any other falls back to the math kernel (a (B, H, Tq, Tk) matrix per
     layer, slower and larger). Every mask a relative model gives SDPA, in training and in both
     decoding paths, has that layout."""
-    from transformer import attend
-
     strides = []
 
     def sdpa(q, k, v, attn_mask=None, **kwargs):
