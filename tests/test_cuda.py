@@ -15,7 +15,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from tests.decoding.test_decoding import BOS, EOS, PAD, random_model, sources, teacher_forced_score
 from tests.tiny import lengths_to_pad_mask, padded_batch, tiny_model, tiny_model_config
-from transformer import KVCache, MultiheadAttention, Transformer
+from transformer import KVCache, MultiheadAttention
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
 from transformer.decoding.sampling import streams, uniforms
 from transformer.decoding.step import Stepper
@@ -31,12 +31,6 @@ pytestmark = [
 CUDA = torch.device("cuda")
 FUSED = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.CUDNN_ATTENTION]
 POSITIONS = ["sinusoidal", "learned", "rope", "relative"]
-
-
-def position_model(positions: str) -> Transformer:
-    """``random_model`` with these position encodings (seeded: the CPU's and GPU's copies agree)."""
-    torch.manual_seed(0)
-    return tiny_model(40, num_kv_heads=2, share_all_embeddings=True, positions=positions)
 
 
 def assert_relatively_close(got: Tensor, want: Tensor, tol: float) -> None:
@@ -177,7 +171,7 @@ def test_graph_replays_give_the_eager_steps_logits(dtype, positions):
     one row per sentence, the beams after their expansion, reordered in place, then a sentence
     leaving (a new size, a new graph); the step's position (rotary angles, the relative bias's
     row) moves on in the replayed graph as in the eager step."""
-    model = position_model(positions).to(CUDA, dtype)
+    model = random_model(positions=positions).to(CUDA, dtype)
     src = sources().to(CUDA)
     steppers = [Stepper(model, src, src.eq(PAD), steps=8, graphs=g) for g in (True, False)]
     graphed = steppers[0].graphs[0]
@@ -216,7 +210,7 @@ def test_graph_replays_give_the_eager_steps_logits(dtype, positions):
 def test_searches_decode_the_same_with_graphs_and_without(strategy, positions):
     """Greedy, beam search and sampling on a GPU with CUDA graphs (the default) and without:
     the same translations and scores, whatever the position encoding."""
-    model = position_model(positions).to(CUDA)
+    model = random_model(positions=positions).to(CUDA)
     src = sources().to(CUDA)
     options = {
         "greedy": dict(strategy="greedy", max_len_b=8),
@@ -272,7 +266,7 @@ def test_prefixes_and_constraints_decode_on_the_gpu_as_on_the_cpu(positions):
     """Target prefixes (greedy and beam search) and lexical constraints (beam search) on the
     GPU's path (a static cache, CUDA graphs, the host reading every few steps), float32: the
     CPU's translations and scores."""
-    model, src = position_model(positions), sources()
+    model, src = random_model(positions=positions), sources()
     gpu = copy.deepcopy(model).to(CUDA)
     prefixes = torch.tensor([[7, 8, PAD], [PAD, PAD, PAD], [9, PAD, PAD], [10, 11, 12]])
     phrases = [[[13, 14]], [], [[15]], [[16], [17, 18]]]

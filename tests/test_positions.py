@@ -233,14 +233,13 @@ def test_every_relative_mask_has_the_layout_the_gpus_fused_kernels_take(
     dimension has stride 1; any other falls back to the math kernel (a (B, H, Tq, Tk) matrix per
     layer, slower and larger). Every mask a relative model gives SDPA, in training and in both
     decoding paths, has that layout."""
-    strides = []
+    strides, sdpa_of = [], attend.sdpa
 
     def sdpa(q, k, v, attn_mask=None, **kwargs):
         if attn_mask is not None:
             strides.append(attn_mask.stride(-1))
         return sdpa_of(q, k, v, attn_mask=attn_mask, **kwargs)
 
-    sdpa_of = attend.sdpa
     monkeypatch.setattr(attend, "sdpa", sdpa)
     model = perturbed(tiny_model(positions="relative"))  # 4 heads
     src, tgt = sources(), torch.randint(4, 50, (5, 7))

@@ -155,8 +155,8 @@ def test_invalid_options_raise() -> None:
 # A real (untrained) model: agreement between decoding paths.
 
 
-def random_model() -> Transformer:
-    return tiny_model(40, num_kv_heads=2, share_all_embeddings=True)
+def random_model(**overrides) -> Transformer:
+    return tiny_model(40, num_kv_heads=2, share_all_embeddings=True, **overrides)
 
 
 def sources() -> torch.Tensor:
