@@ -477,12 +477,11 @@ def test_scores_of_the_split_or_a_tsv_are_teacher_forced_log_probabilities(train
     )
     for row, line in zip(rows, lines(summed), strict=True):
         total, tokens = line.split("\t")
+        chunked = [float(x) for x in tokens.split()]
         # written to 4 decimals: chunks of 5 pad otherwise than the whole split, so float32 noise
         # can round a score the other way (one unit in the last place), and no more
-        assert [float(x) for x in tokens.split()] == pytest.approx(
-            [float(x) for x in row[1].split()], abs=1.5e-4
-        )
-        assert float(total) == pytest.approx(sum(float(x) for x in tokens.split()), abs=1e-3)
+        assert chunked == pytest.approx([float(x) for x in row[1].split()], abs=1.5e-4)
+        assert float(total) == pytest.approx(sum(chunked), abs=1e-3)
 
 
 @pytest.mark.slow
