@@ -7,7 +7,7 @@ The constraints come from the references, as in Post & Vilar (2018): per sentenc
 punctuation around them; a word is lacking when its lowercased form is none of the lowercased
 words of the translation; words the target vocabulary cannot write (unknown pieces) are skipped.
 A phrase is met when its text occurs in the translation, case-sensitive (evaluate.py's rule,
-:func:`transformer.terminology.constraints_met`).
+:func:`transformer.evaluation.terminology.constraints_met`).
 
     flock /work/locks/heavy python bench/bench_constraints.py CKPT \\
         --source ../shared/data/multi30k/test_2016_flickr.en.gz \\
@@ -34,8 +34,8 @@ from transformer.checkpoints import (
 from transformer.data.tokenizer import UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import Stepper
+from transformer.evaluation.terminology import constraints_met
 from transformer.metrics import score_translations
-from transformer.terminology import constraints_met
 from transformer.translate import Translation, Translator
 
 

@@ -36,7 +36,7 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.decoding import DecodeOptions
-from transformer.evaluation import checkpoint_paths
+from transformer.evaluation.run import checkpoint_paths
 from transformer.translate import Translator
 
 TEST_SETS = "test_2016_flickr,test_2017_flickr,test_2017_mscoco"

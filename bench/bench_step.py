@@ -35,7 +35,7 @@ def time_steps(preset: str, precision: str, tokens: int, steps: int) -> float:
     import torch
 
     from transformer.data.collate import Collator
-    from transformer.lit_module import TranslationModule
+    from transformer.training import TranslationModule
 
     torch.manual_seed(0)
     sizes = dict(src_vocab_size=6000, tgt_vocab_size=6000, dropout=0.1, **PRESETS[preset])

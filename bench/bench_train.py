@@ -5,12 +5,12 @@ and runs a training step: forward, label-smoothed cross entropy over the non-pad
 log-probabilities), backward, fused AdamW (every system, CPU too). The peers' loss is torch's
 cross entropy on their full (B, T, V) logits, as a Hugging Face or fairseq loop computes it; ours
 is its own training loss (TranslationModule's): the output projection fused with the loss, in
-chunks, over the non-pad positions only (transformer/loss.py). --full-logits-too adds "ours, full
-logits": a copy of ours trained with the peers' loss. --compiled-too adds "ours, compiled": a copy
-of ours under torch.compile, beside the eager one. --positions-too P,... adds "ours, positions=P":
-ours with another position encoding (model.positions), its own loss. --tgt-pad-mask-too adds
-torch.nn.Transformer given the target padding mask, as users usually call it (causality alone
-guards right-padded targets, so the others go without).
+chunks, over the non-pad positions only (transformer/training/loss.py). --full-logits-too adds
+"ours, full logits": a copy of ours trained with the peers' loss. --compiled-too adds "ours,
+compiled": a copy of ours under torch.compile, beside the eager one. --positions-too P,... adds
+"ours, positions=P": ours with another position encoding (model.positions), its own loss.
+--tgt-pad-mask-too adds torch.nn.Transformer given the target padding mask, as users usually call it
+(causality alone guards right-padded targets, so the others go without).
 
 How it is timed:
   1. a warm pass: every distinct batch shape of the timed steps, once for every system (cuDNN's

@@ -34,8 +34,8 @@ from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.figures import Drawing, draw
 from transformer.checkpoints import load_checkpoint, tokenizer_models
 from transformer.data.datamodule import TranslationDataModule
-from transformer.lit_module import TranslationModule
 from transformer.metrics import score_translations
+from transformer.training import TranslationModule
 from transformer.translate import decode_batch
 
 REPO = Path(__file__).resolve().parents[1]

@@ -13,8 +13,8 @@ from torch import Tensor, nn
 from transformer import Transformer, TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
 from transformer.embedding import TransformerEmbedding
-from transformer.loss import label_smoothed_loss
 from transformer.masks import causal_allowed
+from transformer.training.loss import label_smoothed_loss
 
 Batch = tuple[Tensor, Tensor, Tensor]  # right-padded source, decoder input, labels
 
@@ -176,7 +176,7 @@ def logits_loss(model: nn.Module, label_smoothing: float = 0.0) -> LossFn:
 def own_loss(model: Transformer, runner: nn.Module, label_smoothing: float = 0.0) -> LossFn:
     """Our training loss, as ``TranslationModule`` computes it: decoder states from ``runner``
     (the model, or the model compiled), then the output projection fused with the loss over the
-    non-pad positions only (``transformer.loss``), counted on the host (no device sync)."""
+    non-pad positions only (``transformer.training.loss``), counted on the host (no device sync)."""
 
     def loss(batch: Batch, num_labels: int) -> Tensor:
         src, tgt_in, labels = batch

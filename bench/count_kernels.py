@@ -45,7 +45,7 @@ import transformer.attend
 import transformer.dropout
 import transformer.linear
 from transformer.data.collate import Collator
-from transformer.lit_module import TranslationModule
+from transformer.training import TranslationModule
 
 BASE = dict(  # transformer-base's graph, 64 wide
     src_vocab_size=100, tgt_vocab_size=100, d_model=64, num_heads=8, num_encoder_layers=6,

@@ -1,6 +1,6 @@
 """Time the training loss alone on one device: ours (the output projection fused with the loss,
-in chunks: transformer/loss.py) at several chunk sizes against full (N, V) logits and torch's
-cross entropy, forward and backward, bf16 autocast; then the profiler's top kernels of ours.
+in chunks: transformer/training/loss.py) at several chunk sizes against full (N, V) logits and
+torch's cross entropy, forward and backward, bf16 autocast; then the profiler's top kernels of ours.
 
     python bench/profile_loss.py [--tokens 20736] [--vocab 32000 6000] [--d-model 512]
 """
@@ -13,7 +13,7 @@ import statistics
 import torch
 import torch.nn.functional as F
 
-from transformer import loss as loss_mod
+from transformer.training import loss as loss_mod
 
 
 def timed(fn, steps: int = 20, warmup: int = 3) -> float:

@@ -393,8 +393,9 @@ stage3() {
   # dry run only collects them (seconds instead of minutes on 2 cores).
   local pytest=(-q -ra --durations=15 -p no:cacheprovider)
   ((DRY)) && pytest+=(--collect-only)
-  local shards=("tests/test_train.py" "tests/test_evaluate.py tests/decoding/test_decoding.py"
-    "tests/test_precision_matrix.py tests/test_loss.py tests/test_attention.py")
+  local shards=("tests/training/test_train.py"
+    "tests/evaluation/test_evaluate.py tests/decoding/test_decoding.py"
+    "tests/training/test_precision_matrix.py tests/training/test_loss.py tests/test_attention.py")
   local present=() absent=() shard f kept
   for shard in "${shards[@]}"; do
     kept=""

@@ -43,7 +43,7 @@ class PoisonLoss(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         if trainer.global_rank != self.rank:
             return
-        from transformer import lit_module
+        from transformer.training import lit_module
 
         real, seen = lit_module.label_smoothed_loss, [0]
 

@@ -19,9 +19,9 @@ from transformer import KVCache, MultiheadAttention
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
 from transformer.decoding.sampling import streams, uniforms
 from transformer.decoding.step import Stepper
-from transformer.lit_module import TranslationModule
-from transformer.optim import build_optimizer
-from transformer.train_step import hidden_states
+from transformer.training import TranslationModule
+from transformer.training.optim import build_optimizer
+from transformer.training.step import hidden_states
 
 pytestmark = [
     pytest.mark.cuda,

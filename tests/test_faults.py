@@ -25,14 +25,14 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrides, write_lines
-from transformer import atomic, lit_module, run_dir
+from transformer import atomic
 from transformer.atomic import HOST
-from transformer.callbacks import AtomicCheckpointIO
 from transformer.checkpoints import average_checkpoints, load_checkpoint
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError, NonFiniteLoss, UserError
 from transformer.evaluation import evaluate
-from transformer.training import train
+from transformer.training import lit_module, run_dir, train
+from transformer.training.callbacks import AtomicCheckpointIO
 
 
 def fail_mid_write(monkeypatch) -> None:
@@ -388,7 +388,7 @@ def test_ddp_resume_gives_each_rank_its_own_random_state(corpus, tmp_path):
 # counts and an all-empty file at the data level (tests/data/test_data_sources.py,
 # test_data_datamodule.py), over-long training lines dropped and counted
 # (test_empty_and_overlong_training_pairs_are_dropped), wandb without key or network
-# (tests/test_train.py).
+# (tests/training/test_train.py).
 
 
 @pytest.fixture(scope="module")

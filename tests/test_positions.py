@@ -19,10 +19,10 @@ from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.masks import padding_bias
 from transformer.model import AttentionMaps, Transformer
-from transformer.optim import param_groups
 from transformer.positions import RELATIVE_BUCKETS, Rotary, relative_buckets, rotate
-from transformer.resume import check_model
 from transformer.surgery import prune_model
+from transformer.training.optim import param_groups
+from transformer.training.resume import check_model
 
 POSITIONS = ["sinusoidal", "learned", "rope", "relative"]
 

@@ -22,10 +22,10 @@ from transformer.decoding import DecodeOptions, beam_search, greedy_decode
 from transformer.errors import ConfigError
 from transformer.evaluation import evaluate
 from transformer.model import ATTENTION_TYPES, Transformer
-from transformer.optim import build_optimizer
 from transformer.prune import least_important, main, parse_heads, prune_checkpoint
 from transformer.surgery import prune_model, restore_heads
 from transformer.training import train
+from transformer.training.optim import build_optimizer
 from transformer.translate import Translator
 
 PAD, V = 0, 50

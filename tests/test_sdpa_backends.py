@@ -12,8 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.tiny import compose_cfg, tiny_model
 from transformer import sdpa_backends
-from transformer.config_checks import validate_config
 from transformer.errors import ConfigError
+from transformer.training.config_checks import validate_config
 
 DEFAULT = {
     kind: ["flash", "efficient", "math"] for kind in ("encoder_self", "decoder_self", "cross")

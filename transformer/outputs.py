@@ -4,7 +4,7 @@ directory replaced whole: built beside it, then swapped in.
 
 Every refusal is a :class:`ConfigError` naming the path and the fix (the CLIs print it as one
 ``error:`` line). The run directories of ``train.py`` and ``evaluate.py`` follow the same rules
-in :mod:`transformer.run_dir`.
+in :mod:`transformer.training.run_dir`.
 """
 
 from __future__ import annotations

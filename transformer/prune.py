@@ -32,7 +32,6 @@ from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.model import Transformer
-from transformer.optim import param_groups
 from transformer.outputs import check_output_file
 from transformer.surgery import (
     HeadKey,
@@ -43,6 +42,7 @@ from transformer.surgery import (
     pruned_config,
     selection,
 )
+from transformer.training.optim import param_groups
 from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
@@ -73,7 +73,7 @@ def _prune_optimizer(
 ) -> dict[str, Any]:
     """An AdamW state (``optimizer.state_dict()``) for the pruned weights: the moments of each
     pruned matrix cut as the matrix is. Parameters are numbered in the order
-    :func:`transformer.optim.param_groups` gives them, as training built the optimizer."""
+    :func:`transformer.training.optim.param_groups` gives them, as training built the optimizer."""
     names = {id(p): name for name, p in model.named_parameters()}
     order = [names[id(p)] for group in param_groups(model, 0.0) for p in group["params"]]
     saved = [i for group in state["param_groups"] for i in group["params"]]

@@ -23,7 +23,7 @@ from dev.bench_levers import (
     table,
 )
 from tests.tiny import compose_cfg
-from transformer.config_checks import validate_config
+from transformer.training.config_checks import validate_config
 
 pytestmark = pytest.mark.bench  # a script of bench/ or dev/
 
@@ -108,7 +108,7 @@ def test_levers_join_into_the_earlier_recipe(tmp_path):
         parse_args(["--dry-run", "--levers", "fp32+adam"])
     cfg = compose_cfg(["experiment=multi30k_en_de_cpu", *overrides("invsqrt+fp32")], tmp_path)
     assert cfg.trainer.precision == "32-true" and cfg.optim.scheduler.warmup_steps == 1000
-    assert cfg.optim.scheduler._target_ == "transformer.optim.warmup_inverse_sqrt"
+    assert cfg.optim.scheduler._target_ == "transformer.training.optim.warmup_inverse_sqrt"
 
 
 def test_table_has_a_row_per_lever_and_checkpoint():

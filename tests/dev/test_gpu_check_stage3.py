@@ -21,7 +21,7 @@ def test_stage_3_exits_0_with_its_files_and_the_decoding_tables(dry) -> None:
 
 def test_tests_are_collected_and_recorded(dry) -> None:
     log = read(dry[1], "tests.log")
-    assert "-m cuda" in log and "tests/test_train.py" in log and "--collect-only" in log
+    assert "-m cuda" in log and "tests/training/test_train.py" in log and "--collect-only" in log
     assert re.search(r"\d+ tests collected", log)  # the GPU-relevant files, collected
     suites = ET.parse(dry[1] / "tests.xml").getroot()
     assert suites.tag == "testsuites" and {s.get("name") for s in suites} == {"cuda", "units"}

@@ -27,8 +27,8 @@ from transformer.analysis.report import (
 )
 from transformer.analysis.trends import TREND_COLUMNS, trend_charts
 from transformer.data.collate import encode_sources, encode_targets
-from transformer.lit_module import TranslationModule
 from transformer.model import ATTENTION_TYPES
+from transformer.training.lit_module import TranslationModule
 
 log = logging.getLogger(__name__)
 

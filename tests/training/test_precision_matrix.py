@@ -5,7 +5,7 @@ default, and users add gradient accumulation and ``compile=true``. Each combinat
 a few real steps of the tiny model through ``train(cfg)``, as ``train.py`` does: the loss falls,
 no logged value is NaN, and the last checkpoint holds finite weights. ``torch.compile`` runs with
 the ``aot_eager`` backend, which traces the same forward and backward graphs as inductor without
-generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/test_lit_module.py).
+generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/training/test_lit_module.py).
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ import pytest
 import torch
 
 from tests.tiny import compose_cfg, logged, tiny_overrides
-from transformer import training
 from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
+from transformer.training import run as training
 from transformer.training import train
 
 PRECISIONS = ["32-true", "bf16-mixed", "16-mixed"]
@@ -121,7 +121,7 @@ def test_auto_precision_on_cpu_is_bf16_mixed_only_with_bf16_instructions(
     log, and any explicit value wins."""
     monkeypatch.setattr(training, "cpu_has_fast_bf16", lambda: fast_bf16)
     cfg = compose_cfg(["trainer.accelerator=cpu", f"trainer.precision={setting}"])
-    with caplog.at_level(logging.INFO, logger="transformer.training"):
+    with caplog.at_level(logging.INFO, logger="transformer.training.run"):
         assert training.resolve_precision(cfg.trainer) == want
     logged_choice = f"trainer.precision=auto: {want}, this CPU has"
     assert (logged_choice in caplog.text) == (setting == "auto")

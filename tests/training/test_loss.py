@@ -14,10 +14,9 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from tests.tiny import compose_cfg, logged, padded_batch, tiny_model_config, tiny_overrides
-from transformer import loss as loss_module
-from transformer.lit_module import TranslationModule
-from transformer.loss import label_smoothed_loss, rdrop_loss
-from transformer.training import train
+from transformer.training import TranslationModule, train
+from transformer.training import loss as loss_module
+from transformer.training.loss import label_smoothed_loss, rdrop_loss
 
 PAD = 0
 

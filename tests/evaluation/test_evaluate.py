@@ -287,16 +287,17 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     assert "error: checkpoint" in missing.stderr and "Traceback" not in missing.stderr
 
 
-# evaluate.py with transformer.evaluation.evaluate replaced by one that raises the given exception.
+# evaluate.py with transformer.evaluation.run.evaluate replaced by one that raises the given
+# exception.
 RAISING_EVALUATE = """
 import runpy, sys
-import transformer.evaluation
+import transformer.evaluation.run
 from transformer.errors import ConfigError
 
 def evaluate(cfg):
     raise {}
 
-transformer.evaluation.evaluate = evaluate
+transformer.evaluation.run.evaluate = evaluate
 sys.argv = ["evaluate.py", *sys.argv[1:]]
 runpy.run_path("evaluate.py", run_name="__main__")
 """

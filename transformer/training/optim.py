@@ -25,9 +25,9 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from transformer.budget import budget_progress, warn_if_epochs_end_first
 from transformer.embedding import TransformerEmbedding
 from transformer.positions import RelativeBias
+from transformer.training.budget import budget_progress, warn_if_epochs_end_first
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -184,7 +184,7 @@ class BudgetLR(LambdaLR):
     scheduler's step, as for :func:`warmup_inverse_sqrt`) and of ``progress()``, the share of
     the training budget used once the next update is made (the Lightning module supplies it
     from ``trainer.max_steps`` and ``trainer.max_time``:
-    :func:`transformer.budget.budget_progress`).
+    :func:`transformer.training.budget.budget_progress`).
     ``progress`` is not part of the state dict: a resumed run gets it from its trainer.
     """
 
@@ -235,8 +235,8 @@ def configure_optimizers(
     """What a LightningModule's ``configure_optimizers`` returns: ``optimizer`` built on
     ``model`` (:func:`build_optimizer`, its ``weight_decay`` for the decay group) and, with a
     ``scheduler``, the schedule stepped every optimizer step; a budgeted one (it takes
-    ``progress``, :func:`takes_progress`) follows :func:`transformer.budget.budget_progress` of
-    ``trainer``."""
+    ``progress``, :func:`takes_progress`) follows
+    :func:`transformer.training.budget.budget_progress` of ``trainer``."""
     wd = getattr(optimizer, "keywords", {}).get("weight_decay", 0.0)
     scaler = getattr(trainer.precision_plugin, "scaler", None)
     opt = build_optimizer(model, optimizer, wd, sharded_fp16=isinstance(scaler, ShardedGradScaler))

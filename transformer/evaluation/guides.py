@@ -17,7 +17,7 @@ from transformer.data.text_files import line_count, read_line_chunks, read_lines
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, DataError
-from transformer.terminology import constraints_met, read_constraints
+from transformer.evaluation.terminology import constraints_met, read_constraints
 
 log = logging.getLogger(__name__)
 

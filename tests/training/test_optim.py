@@ -12,16 +12,16 @@ import torch
 
 from tests.tiny import compose_cfg, logged, tiny_model, tiny_overrides
 from transformer.checkpoints import load_checkpoint
-from transformer.config_checks import validate_config
 from transformer.errors import ConfigError
-from transformer.optim import (
+from transformer.training import train
+from transformer.training.config_checks import validate_config
+from transformer.training.optim import (
     BudgetLR,
     build_optimizer,
     inverse_sqrt_factor,
     param_groups,
     warmup_inverse_sqrt,
 )
-from transformer.training import train
 
 
 def test_schedule_warms_up_linearly_then_decays_as_inverse_sqrt():

@@ -18,9 +18,9 @@ from pathlib import Path
 from typing import Any
 
 from transformer.config import TransformerConfig
-from transformer.config_checks import show
 from transformer.data.corpora import corpus_options
 from transformer.errors import CheckpointError, ConfigError
+from transformer.training.config_checks import show
 
 # Model options a resumed run may change: they leave the weights' shapes and meaning alone.
 FREE_MODEL_OPTIONS = (

@@ -1,7 +1,7 @@
 """evaluate's file modes: translate ``input=FILE`` (``decode.nbest`` lines a line) and score pairs
 (``score=true``: a split's, or ``input=FILE``'s ``source<TAB>target`` lines), written to
 ``output`` a chunk of lines at a time and resumed after the lines it already holds
-(:mod:`transformer.streaming`).
+(:mod:`transformer.evaluation.streaming`).
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from transformer.data.text_files import line_count, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import ConfigError, DataError
-from transformer.evaluation_guides import ConstraintsMet, input_guides
+from transformer.evaluation.guides import ConstraintsMet, input_guides
+from transformer.evaluation.streaming import append_chunks, whole_items
 from transformer.export.ct2_translate import CT2Translator
 from transformer.outputs import check_not_input
-from transformer.streaming import append_chunks, whole_items
 from transformer.translate import Translator, output_lines
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ def translate_file(
 ) -> dict[str, Any]:
     """input=FILE: its translations, ``options.nbest`` lines per line, written as they come;
     with ``prefixes=FILE`` and ``constraints=FILE``, each line's read beside it
-    (:func:`transformer.evaluation_guides.input_guides`)."""
+    (:func:`transformer.evaluation.guides.input_guides`)."""
     path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
     chunks, wanted = input_guides(cfg, chunks, done)  # wanted: each line's phrases, or None
     met = None if wanted is None else ConstraintsMet(cfg)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_evaluate import lines, trained  # noqa: F401 (the trained fixture)
+from tests.evaluation.test_evaluate import lines, trained  # noqa: F401 (the trained fixture)
 from tests.tiny import REPO, compose_eval_cfg
 from transformer.checkpoints import (
     load_checkpoint,
@@ -20,7 +20,7 @@ from transformer.checkpoints import (
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, DataError
 from transformer.evaluation import evaluate
-from transformer.terminology import constraints_met, read_constraints
+from transformer.evaluation.terminology import constraints_met, read_constraints
 from transformer.translate import Translator
 
 

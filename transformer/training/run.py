@@ -1,7 +1,7 @@
 """``train(cfg)``: a composed Hydra config -> a trained model, checkpoints and logs.
 
-The order matters: the whole config is checked first (:mod:`transformer.config_checks`; the data
-module checks its own options when it is built, reading nothing), so a misspelt option or an
+The order matters: the whole config is checked first (:mod:`transformer.training.config_checks`; the
+data module checks its own options when it is built, reading nothing), so a misspelt option or an
 invalid value fails before any data is read or tokenized; then the model, loggers and callbacks
 are built and Lightning fits.
 """
@@ -24,16 +24,17 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
-from transformer import config_checks as checks
-from transformer import run_dir, sdpa_backends
+from transformer import sdpa_backends
 from transformer.atomic import sweep_temporaries
-from transformer.callbacks import AtomicCheckpointIO, WeightEMA
 from transformer.checkpoints import load_checkpoint, stored_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.errors import ConfigError
-from transformer.lit_module import TranslationModule
-from transformer.resume import check_resume
+from transformer.training import config_checks as checks
+from transformer.training import run_dir
+from transformer.training.callbacks import AtomicCheckpointIO, WeightEMA
+from transformer.training.lit_module import TranslationModule
+from transformer.training.resume import check_resume
 
 log = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from transformer.config import TransformerConfig
 from transformer.errors import ConfigError
-from transformer.lit_module import TranslationModule
+from transformer.training.lit_module import TranslationModule
 
 # Options outside the groups that name a ``_target_``: the parameter of the object that takes
 # them, or their type where train() takes them itself.

@@ -14,8 +14,9 @@ log = logging.getLogger(__name__)
 
 
 class NonFiniteSteps:
-    """The training module's NaN/inf bookkeeping; :class:`transformer.callbacks.LastCheckpoint`
-    reads it too, so that no checkpoint is written from inside a bad streak.
+    """The training module's NaN/inf bookkeeping;
+    :class:`transformer.training.callbacks.LastCheckpoint` reads it too, so that no checkpoint is
+    written from inside a bad streak.
 
     A flag per optimizer step stays on the device until :meth:`count` reads the pending ones
     (one sync): at logging steps, before every checkpoint, and every step where the optimizer

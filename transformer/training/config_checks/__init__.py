@@ -4,8 +4,8 @@
 :func:`validate_config` runs one check per config group (:mod:`.groups`), after each value is
 checked against the type its owner annotates (:mod:`.option_types`). Each option has one check.
 Where the object that uses an option checks it, that check is run early: the model's
-(:class:`TransformerConfig`), the loss's (:func:`transformer.loss.check_label_smoothing`), the
-validation decoding's (:func:`transformer.decoding.options.validation_decoding`) and the LR
+(:class:`TransformerConfig`), the loss's (:func:`transformer.training.loss.check_label_smoothing`),
+the validation decoding's (:func:`transformer.decoding.options.validation_decoding`) and the LR
 scheduler's (built on a stand-in optimizer); the data module's and its corpus source's by
 ``train``, which builds the data module (reading nothing) before any data work, then checks the
 file system (:mod:`.paths`).
@@ -16,7 +16,7 @@ from __future__ import annotations
 from omegaconf import DictConfig
 
 from transformer.config import TransformerConfig
-from transformer.config_checks.groups import (
+from transformer.training.config_checks.groups import (
     check_ckpt_path,
     check_data,
     check_ema,
@@ -28,8 +28,8 @@ from transformer.config_checks.groups import (
     check_validation,
     model_config,
 )
-from transformer.config_checks.option_types import check_types, show
-from transformer.config_checks.paths import check_data_root, check_writable, output_dirs
+from transformer.training.config_checks.option_types import check_types, show
+from transformer.training.config_checks.paths import check_data_root, check_writable, output_dirs
 
 
 def validate_config(cfg: DictConfig) -> TransformerConfig:

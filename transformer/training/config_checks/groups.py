@@ -23,8 +23,8 @@ from transformer import sdpa_backends
 from transformer.config import TransformerConfig
 from transformer.decoding.options import validation_decoding
 from transformer.errors import ConfigError
-from transformer.loss import check_label_smoothing
-from transformer.optim import takes_progress
+from transformer.training.loss import check_label_smoothing
+from transformer.training.optim import takes_progress
 
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
 REQUIRED = ("data", "model", "optim", "trainer")
@@ -91,8 +91,8 @@ def check_optim(optim: DictConfig, trainer: DictConfig) -> None:
 
 def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
     """The scheduler checks its options: build it on a stand-in optimizer. A budgeted one
-    (:class:`transformer.optim.BudgetLR`) needs the end of training: ``trainer.max_steps`` or
-    ``trainer.max_time`` (an epoch count alone is no budget: it depends on the data)."""
+    (:class:`transformer.training.optim.BudgetLR`) needs the end of training: ``trainer.max_steps``
+    or ``trainer.max_time`` (an epoch count alone is no budget: it depends on the data)."""
     factory = instantiate(scheduler)
     budgeted = takes_progress(factory)
     try:
@@ -111,7 +111,7 @@ def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
 
 def check_loss(loss: DictConfig) -> None:
     """R-Drop's weight, the NaN streak that stops training, the label smoothing (the loss's own
-    check, :func:`transformer.loss.check_label_smoothing`)."""
+    check, :func:`transformer.training.loss.check_label_smoothing`)."""
     if float(loss.rdrop_alpha) < 0:
         raise ConfigError(f"loss.rdrop_alpha must be >= 0 (0 = off), got {loss.rdrop_alpha}")
     if int(loss.max_bad_steps) < 1:

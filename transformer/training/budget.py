@@ -1,6 +1,7 @@
 """The training budget, ``trainer.max_steps`` and ``trainer.max_time``: how much of it a run has
-used, for the learning-rate schedules that end with it (:class:`transformer.optim.BudgetLR`), and
-a warning where an epoch limit ends training before it."""
+used, for the learning-rate schedules that end with it
+(:class:`transformer.training.optim.BudgetLR`), and a warning where an epoch limit ends training
+before it."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ a run other than the one it resumes); ``force=true`` deletes them first. While a
 holds a lock on its run directory: a second run started there meanwhile refuses too (no
 checkpoint is written yet). ``train.py`` checks in a Hydra callback (:class:`RunDirectoryCheck`,
 ``configs/hydra/default.yaml``) before Hydra writes its record (``.hydra/``) and log there;
-:func:`transformer.training.train` checks again, under the lock, for its callers.
+:func:`transformer.training.run.train` checks again, under the lock, for its callers.
 """
 
 from __future__ import annotations

@@ -25,9 +25,9 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from transformer.atomic import atomic_save
 from transformer.errors import CheckpointError, Interrupted
-from transformer.lit_module import TranslationModule
-from transformer.loggers import logs_after
-from transformer.nonfinite import NonFiniteSteps
+from transformer.training.lit_module import TranslationModule
+from transformer.training.loggers import logs_after
+from transformer.training.nonfinite import NonFiniteSteps
 
 log = logging.getLogger(__name__)
 

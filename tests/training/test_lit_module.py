@@ -22,9 +22,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.tiny import compose_cfg, padded_batch, tiny_model_config, tiny_overrides
 from transformer.checkpoints import model_from_checkpoint
 from transformer.data.collate import Buckets, Collator
-from transformer.lit_module import TranslationModule
-from transformer.train_step import compile_options
-from transformer.training import train
+from transformer.training import TranslationModule, train
+from transformer.training.step import compile_options
 
 
 @pytest.mark.parametrize(

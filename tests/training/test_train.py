@@ -26,15 +26,15 @@ import transformer.data.prepare
 import transformer.translate
 from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, tiny_overrides
 from transformer import Transformer, TransformerConfig
-from transformer.callbacks import EpochCheckpoint
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config import ATTENTION_TYPES
-from transformer.config_checks import model_config, validate_config
 from transformer.data.tokenizer_training import SPM_TRAIN_SENTENCES
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
-from transformer.lit_module import TranslationModule
-from transformer.training import build_datamodule, train, validation_tokens
+from transformer.training import TranslationModule
+from transformer.training.callbacks import EpochCheckpoint
+from transformer.training.config_checks import model_config, validate_config
+from transformer.training.run import build_datamodule, train, validation_tokens
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
@@ -268,7 +268,7 @@ def test_short_training_lowers_validation_loss(corpus, tmp_path, caplog):
         "trainer.num_sanity_val_steps=2",  # a partial pass first: later passes must be whole
         "validation.bleu_sentences=null",
     ]
-    with caplog.at_level(logging.INFO, logger="transformer.lit_module"):
+    with caplog.at_level(logging.INFO, logger="transformer.training.lit_module"):
         metrics = train(compose_cfg(overrides, tmp_path))
     decoded = [int(n) for n in re.findall(r"val BLEU \S+ on (\d+) sentences", caplog.text)]
     assert decoded == [32] * 6  # every validation decodes the whole validation set
@@ -355,7 +355,7 @@ def test_epoch_checkpoints_keep_the_last_epochs(corpus, tmp_path, caplog, recwar
         "trainer.max_epochs=4",
         "callbacks.epoch_checkpoints.save_top_k=2",
     ]
-    with caplog.at_level(logging.WARNING, logger="transformer.lit_module"):
+    with caplog.at_level(logging.WARNING, logger="transformer.training.lit_module"):
         train(compose_cfg(overrides, tmp_path))
     assert "trainer.max_epochs=4 ends training after about 64 updates, before" in caplog.text
     assert not [w for w in recwarn if "exists and is not empty" in str(w.message)]
@@ -445,8 +445,8 @@ def test_cpu_recipe_trains_until_its_time_is_up(corpus, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_compiled_training_writes_checkpoints_an_uncompiled_model_loads(corpus, tmp_path, caplog):
     """Compiled on two shape buckets (aot_eager traces what inductor compiles, in seconds;
-    inductor: tests/test_lit_module.py): at most a graph a bucket, no graph break; the log names
-    the buckets and the attention kernels."""
+    inductor: tests/training/test_lit_module.py): at most a graph a bucket, no graph break; the log
+    names the buckets and the attention kernels."""
     torch._dynamo.reset()
     torch._dynamo.utils.counters.clear()
     overrides = [
@@ -678,7 +678,7 @@ def test_wandb_falls_back_offline_when_the_server_is_unreachable(tmp_path):
     code = (
         "import logging, wandb\n"
         "logging.basicConfig(level=logging.INFO)\n"
-        "from transformer.loggers import OfflineFallbackWandbLogger\n"
+        "from transformer.training.loggers import OfflineFallbackWandbLogger\n"
         f"lg = OfflineFallbackWandbLogger(project='p', save_dir={str(tmp_path / 'out')!r},"
         " init_timeout=3)\n"
         "lg.log_metrics({'x': 1.0}, step=0)\n"

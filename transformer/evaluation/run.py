@@ -4,7 +4,7 @@ of any size, or score given translations (forced decoding).
 Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
 :func:`transformer.metrics.score_translations`, the function training's ``val/bleu`` uses. Files
 (``input=``, and forced scores) are processed a chunk of lines at a time and resumable
-(:mod:`transformer.streaming`).
+(:mod:`transformer.evaluation.streaming`).
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from typing import Any
 import torch
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from transformer.allocator import fix_mmap_threshold
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import (
@@ -34,8 +33,9 @@ from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError
-from transformer.evaluation_files import check_outputs, score_pairs, translate_file
-from transformer.evaluation_guides import ConstraintsMet, check_guides, split_guides
+from transformer.evaluation.allocator import fix_mmap_threshold
+from transformer.evaluation.files import check_outputs, score_pairs, translate_file
+from transformer.evaluation.guides import ConstraintsMet, check_guides, split_guides
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
 from transformer.translate import Translator
@@ -205,7 +205,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     ``cfg.paths.output_dir``; return the metrics. With ``input``, translate its lines into
     ``output`` (default: the run directory's hypotheses.txt); with ``score=true``, score given
     translations into ``output`` (default: scores.txt); either returns where they went
-    (:mod:`transformer.evaluation_files`). With ``analysis=heads|maps``, run that analysis on the
+    (:mod:`transformer.evaluation.files`). With ``analysis=heads|maps``, run that analysis on the
     split instead (see :mod:`transformer.analysis.run`)."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work

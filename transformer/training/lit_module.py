@@ -20,14 +20,14 @@ from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.options import validation_decoding
-from transformer.loggers import host_scalar, logs_after
-from transformer.loss import check_label_smoothing, label_smoothed_loss, rdrop_loss
 from transformer.model import Transformer
-from transformer.nonfinite import NonFiniteSteps
-from transformer.optim import clip_gradients, configure_optimizers, gradient_norm
 from transformer.precision import AutocastWeights
-from transformer.train_step import compiled_hidden_states, hidden_states
-from transformer.validation_bleu import bleu_metrics, score_directions, translate_batch
+from transformer.training.loggers import host_scalar, logs_after
+from transformer.training.loss import check_label_smoothing, label_smoothed_loss, rdrop_loss
+from transformer.training.nonfinite import NonFiniteSteps
+from transformer.training.optim import clip_gradients, configure_optimizers, gradient_norm
+from transformer.training.step import compiled_hidden_states, hidden_states
+from transformer.training.validation_bleu import bleu_metrics, score_directions, translate_batch
 
 log = logging.getLogger(__name__)
 
@@ -40,13 +40,13 @@ class TranslationModule(L.LightningModule):
         optimizer: partial optimizer taking parameter groups (Hydra ``_partial_: true``); its
             ``weight_decay`` applies to the decay group only.
         scheduler: partial taking the optimizer, returning a per-step LR scheduler; one that
-            also takes ``progress`` (:class:`transformer.optim.BudgetLR`) gets
-            :func:`transformer.budget.budget_progress` of the trainer.
+            also takes ``progress`` (:class:`transformer.training.optim.BudgetLR`) gets
+            :func:`transformer.training.budget.budget_progress` of the trainer.
         label_smoothing: epsilon of the label-smoothed cross entropy.
         rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
             batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
-            passes' symmetric KL divergence (:func:`transformer.loss.rdrop_loss`); validation
-            runs once.
+            passes' symmetric KL divergence (:func:`transformer.training.loss.rdrop_loss`);
+            validation runs once.
         decoding: validation decoding, :class:`transformer.decoding.DecodeOptions` fields
             (``strategy``: ``greedy`` unless given, or ``beam``; ``beam_size``, ``len_penalty``,
             ``max_len_a``, ...); missing ones take its defaults, invalid ones raise ValueError.
@@ -54,7 +54,7 @@ class TranslationModule(L.LightningModule):
         max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
             counted; this many in a row stop training with :class:`NonFiniteLoss`.
         compile_model: ``torch.compile`` the model's teacher-forced forward pass in training
-            steps (:func:`transformer.train_step.compile_options`). Validation, decoding and
+            steps (:func:`transformer.training.step.compile_options`). Validation, decoding and
             attention capture run the model as it is: the training graphs are never recompiled
             for them. The weights keep their names, so checkpoints load into an uncompiled model.
         compile_backend: ``torch.compile``'s backend: ``inductor`` generates kernels;
@@ -83,7 +83,7 @@ class TranslationModule(L.LightningModule):
         self.model = Transformer(self.cfg)
         self.compile_model, self.compile_backend = compile_model, compile_backend
         self.shape_buckets = shape_buckets
-        # Made at the first step, on the device (transformer.train_step.compiled_hidden_states)
+        # Made at the first step, on the device (transformer.training.step.compiled_hidden_states)
         self._compiled: Callable[..., Tensor] | None = None
         # Eager steps under autocast cast the linear weights in one go (FSDP's own are left as
         # they are: setup); compiled ones leave autocast's casts to the compiler, which fuses them.
