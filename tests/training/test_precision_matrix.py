@@ -21,8 +21,7 @@ import torch
 from tests.tiny import compose_cfg, logged, tiny_overrides
 from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
-from transformer.training import run as training
-from transformer.training import train
+from transformer.training import train, trainer
 
 PRECISIONS = ["32-true", "bf16-mixed", "16-mixed"]
 MATRIX = list(
@@ -119,10 +118,10 @@ def test_auto_precision_on_cpu_is_bf16_mixed_only_with_bf16_instructions(
 ):
     """``auto`` on CPU follows the CPU's bf16 instructions (detection stubbed), says so in the
     log, and any explicit value wins."""
-    monkeypatch.setattr(training, "cpu_has_fast_bf16", lambda: fast_bf16)
+    monkeypatch.setattr(trainer, "cpu_has_fast_bf16", lambda: fast_bf16)
     cfg = compose_cfg(["trainer.accelerator=cpu", f"trainer.precision={setting}"])
-    with caplog.at_level(logging.INFO, logger="transformer.training.run"):
-        assert training.resolve_precision(cfg.trainer) == want
+    with caplog.at_level(logging.INFO, logger="transformer.training.trainer"):
+        assert trainer.resolve_precision(cfg.trainer) == want
     logged_choice = f"trainer.precision=auto: {want}, this CPU has"
     assert (logged_choice in caplog.text) == (setting == "auto")
 
@@ -131,4 +130,4 @@ def test_cpu_bf16_detection_reads_the_instruction_set():
     flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else None
     if flags is None:
         pytest.skip("no /proc/cpuinfo to compare with")
-    assert training.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & set(flags))
+    assert trainer.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & set(flags))

@@ -1,9 +1,9 @@
 """``train(cfg)``: a composed Hydra config -> a trained model, checkpoints and logs.
 
-The order matters: the whole config is checked first (:mod:`transformer.training.config_checks`; the
-data module checks its own options when it is built, reading nothing), so a misspelt option or an
-invalid value fails before any data is read or tokenized; then the model, loggers and callbacks
-are built and Lightning fits.
+The order matters: the whole config is checked first (:mod:`transformer.training.config_checks`;
+the data module checks its own options when it is built, reading nothing), so a misspelt option or
+an invalid value fails before any data is read or tokenized; then the model, loggers and callbacks
+are built (the Trainer: :mod:`transformer.training.trainer`) and Lightning fits.
 """
 
 from __future__ import annotations
@@ -16,12 +16,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
-from hydra.types import RunMode
 from hydra.utils import instantiate
-from lightning.pytorch.callbacks import ProgressBar
-from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import sdpa_backends
@@ -32,9 +28,15 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.errors import ConfigError
 from transformer.training import config_checks as checks
 from transformer.training import run_dir
-from transformer.training.callbacks import AtomicCheckpointIO, WeightEMA
 from transformer.training.lit_module import TranslationModule
 from transformer.training.resume import check_resume
+from transformer.training.trainer import (
+    build_loggers,
+    build_trainer,
+    on_gpu,
+    precision_dtype,
+    training_callbacks,
+)
 
 log = logging.getLogger(__name__)
 
@@ -47,12 +49,6 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     except InstantiationException as err:
         cause = err.__cause__ if err.__cause__ is not None else err
         raise ConfigError(f"invalid data option (data.*): {cause}") from err
-
-
-def on_gpu(trainer_cfg: DictConfig) -> bool:
-    """Whether the trainer will run on a CUDA GPU (``accelerator`` auto picks one if there is)."""
-    accelerator = str(trainer_cfg.get("accelerator", "auto"))
-    return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
 
 
 GPU_VALIDATION_TOKENS = 32768  # validation.max_tokens=null on a GPU: the least budget
@@ -69,71 +65,6 @@ def validation_tokens(cfg: DictConfig) -> int | None:
     return max(int(budget), GPU_VALIDATION_TOKENS)
 
 
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16-mixed trains
-    faster than float32 (the CPU recipe: 1.33-1.57x a step, README); elsewhere oneDNN emulates
-    bf16 and it is slower. ``torch.backends.cpu.get_cpu_capability()`` cannot tell: it says
-    ``AVX512`` with or without them."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
-def resolve_precision(trainer_cfg: DictConfig) -> str:
-    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed); on CPU bf16-mixed where it
-    has bf16 instructions (:func:`cpu_has_fast_bf16`), else 32-true. The choice is logged; any
-    other value is kept as it is."""
-    precision = str(trainer_cfg.get("precision", "auto"))
-    if precision != "auto":
-        return precision
-    if on_gpu(trainer_cfg):
-        precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
-        log.info("trainer.precision=auto: %s on this GPU", precision)
-    elif cpu_has_fast_bf16():
-        precision = "bf16-mixed"
-        log.info("trainer.precision=auto: bf16-mixed, this CPU has bf16 instructions")
-    else:
-        precision = "32-true"
-        log.info("trainer.precision=auto: 32-true, this CPU has no bf16 instructions")
-    return precision
-
-
-def precision_options(trainer_cfg: DictConfig) -> dict[str, Any]:
-    """The Trainer's precision argument, or the plugin that stands for it.
-
-    ``16-mixed`` on CPU trains in float16 with a GradScaler, as it does on GPUs without bf16 (where
-    ``auto`` picks it): Lightning would switch to bf16-mixed instead, with a warning. It is slow
-    (float16 matrix products are far slower than float32 on CPUs), but it is the same path.
-    """
-    precision = resolve_precision(trainer_cfg)
-    if precision != "16-mixed" or on_gpu(trainer_cfg):
-        return {"precision": precision}
-    log.warning("trainer.precision=16-mixed on CPU: float16 is slow here; bf16-mixed is faster")
-    return {"plugins": [MixedPrecision("16-mixed", "cpu")]}
-
-
-def precision_dtype(precision: str) -> torch.dtype:
-    """The dtype a Lightning precision (``bf16-mixed``, ``16-true``, ``32-true``, ...) computes
-    the model's products in."""
-    if precision.startswith("bf16"):
-        return torch.bfloat16
-    return torch.float16 if precision.startswith("16") else torch.float32
-
-
-def run_identity(cfg: DictConfig) -> tuple[str, str | None]:
-    """(wandb run name, group) unless set in the config. A sweep's jobs share one group named
-    after the experiment and the sweep's start; each is named by its overrides."""
-    name, group = cfg.get("run_name"), cfg.get("group")
-    experiment = cfg.get("experiment_name", "run")
-    if HydraConfig.initialized():
-        hc = HydraConfig.get()
-        if hc.mode == RunMode.MULTIRUN:
-            overrides = hc.job.override_dirname or f"job{hc.job.num}"
-            name = name or f"{experiment}-{overrides}"
-            group = group or f"{experiment}-{Path(hc.sweep.dir).name}"
-        else:
-            name = name or f"{experiment}-{Path(hc.runtime.output_dir).name}"
-    return name or experiment, group
-
-
 def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     out: dict[str, Any] = {}
     for k, v in d.items():
@@ -143,12 +74,6 @@ def flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[key] = v
     return out
-
-
-def _instantiate_group(group: DictConfig | None, **kwargs: Any) -> list[Any]:
-    if not group:
-        return []
-    return [instantiate(c, **kwargs) for c in group.values() if c is not None and "_target_" in c]
 
 
 def resume_from(
@@ -225,6 +150,24 @@ def sweep_checkpoint_dirs(cfg: DictConfig) -> None:
             log.info("removed %s, left by a process that no longer runs", path)
 
 
+def build_module(cfg: DictConfig, model_cfg: TransformerConfig) -> TranslationModule:
+    """The Lightning module ``cfg`` trains: the model of ``model_cfg``, the optimizer and schedule,
+    the loss, validation decoding and compilation as configured."""
+    return TranslationModule(
+        model=model_cfg.to_dict(),
+        optimizer=instantiate(cfg.optim.optimizer),
+        scheduler=instantiate(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
+        label_smoothing=float(cfg.loss.label_smoothing),
+        rdrop_alpha=float(cfg.loss.rdrop_alpha),
+        decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
+        val_bleu_sentences=cfg.validation.bleu_sentences,
+        max_bad_steps=int(cfg.loss.max_bad_steps),
+        compile_model=cfg.get("compile", False),
+        compile_backend=cfg.get("compile_backend", "inductor"),
+        shape_buckets=int(cfg.data.get("num_buckets", 0)),
+    )
+
+
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
     model_cfg = checks.validate_config(cfg)  # before any data work
@@ -245,46 +188,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
             "model.src_vocab_size/tgt_vocab_size at ${data.vocab_size}"
         )
     model_cfg = checks.model_config(cfg, pad_id=datamodule.pad_id)  # hand-off: the data's pad id
-    module = TranslationModule(
-        model=model_cfg.to_dict(),
-        optimizer=instantiate(cfg.optim.optimizer),
-        scheduler=instantiate(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
-        label_smoothing=float(cfg.loss.label_smoothing),
-        rdrop_alpha=float(cfg.loss.rdrop_alpha),
-        decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
-        val_bleu_sentences=cfg.validation.bleu_sentences,
-        max_bad_steps=int(cfg.loss.max_bad_steps),
-        compile_model=cfg.get("compile", False),
-        compile_backend=cfg.get("compile_backend", "inductor"),
-        shape_buckets=int(cfg.data.get("num_buckets", 0)),
-    )
+    module = build_module(cfg, model_cfg)
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
-
-    logger_cfg = cfg.get("logger")
-    if logger_cfg and "wandb" in logger_cfg:
-        name, group = run_identity(cfg)
-        logger_cfg = OmegaConf.merge(logger_cfg, {"wandb": {"name": name, "group": group}})
-        log.info("wandb run %r in group %r", name, group)
-    loggers = _instantiate_group(logger_cfg)
-    callbacks = _instantiate_group(cfg.get("callbacks"))
-    ema_decay = (cfg.get("ema") or {}).get("decay")
-    if ema_decay is not None:  # first: a checkpoint written after a step holds its average
-        callbacks.insert(0, WeightEMA(decay=float(ema_decay)))
-    if not cfg.trainer.get("enable_progress_bar", True):
-        callbacks = [c for c in callbacks if not isinstance(c, ProgressBar)]
-    # max_epochs=null beside another limit means no epoch limit (Lightning caps a run with no
-    # max_steps and no Timer at 1000 epochs)
-    limits = {"max_epochs": -1} if cfg.trainer.get("max_epochs", -1) is None else {}
-    precision = precision_options(cfg.trainer)
-    trainer: L.Trainer = instantiate(
-        cfg.trainer,
-        **limits,
-        callbacks=callbacks,
-        logger=loggers or False,
-        precision=precision.get("precision"),
-        # no checkpoint is ever left half-written
-        plugins=[AtomicCheckpointIO(), *precision.get("plugins", [])],
-    )
+    trainer = build_trainer(cfg, build_loggers(cfg), training_callbacks(cfg))
     backends = sdpa_backends.parse(cfg.get("sdpa_backends"))
     kernels = sdpa_backends.describe(
         module.model, backends, trainer.strategy.root_device, precision_dtype(trainer.precision)
