@@ -1,55 +1,68 @@
-"""Training speed: ours vs torch.nn.Transformer vs Hugging Face MarianMTModel (vs eole).
+"""Training speed: the product's own step against torch.nn.Transformer and Hugging Face
+MarianMTModel (and eole), on the same batches.
 
-Every system is built with the same sizes, trains from scratch on the same token-budget batches
-and runs a training step: forward, label-smoothed cross entropy over the non-pad targets (fp32
-log-probabilities), backward, fused AdamW (every system, CPU too). The peers' loss is torch's
-cross entropy on their full (B, T, V) logits, as a Hugging Face or fairseq loop computes it; ours
-is its own training loss (TranslationModule's): the output projection fused with the loss, in
-chunks, over the non-pad positions only (transformer/training/loss.py). --full-logits-too adds
-"ours, full logits": a copy of ours trained with the peers' loss. --compiled-too adds "ours,
-compiled": a copy of ours under torch.compile, beside the eager one. --positions-too P,... adds
-"ours, positions=P": ours with another position encoding (model.positions), its own loss.
---tgt-pad-mask-too adds torch.nn.Transformer given the target padding mask, as users usually call it
-(causality alone guards right-padded targets, so the others go without).
+Ours is the training step ``train.py`` runs (bench/product_step.py): the Lightning module and
+Trainer built from configs/train.yaml with the preset's overrides (and --set's), its precision,
+bulk autocast casts, SDPA backends, gradient clipping, fused AdamW and schedule, fed the
+product's own batches (its budget, padding and shape buckets), each step timed between
+Lightning's batch hooks. --variant NAME "OVERRIDES" adds "ours, NAME": ours with more train.py
+overrides (compile=true, data.num_buckets=8, model.positions=rope, ...), its batches made by its
+own config, timed in a fit of its own after ours.
+
+The peers keep their own best settings: a plain loop of forward, torch's cross entropy on their
+full (B, T, V) logits (fp32 log-probabilities, the same label smoothing), backward and fused
+AdamW, under the autocast of ours's precision, on ours's batches. --tgt-pad-mask-too adds
+torch.nn.Transformer given the target padding mask, as users usually call it (causality alone
+guards right-padded targets, so the others go without).
 
 How it is timed:
   1. a warm pass: every distinct batch shape of the timed steps, once for every system (cuDNN's
      attention plans, torch.compile's graphs and the allocator's blocks are made here, not in a
      timed step), plus --warmup extra steps on the first batch;
   2. the timed steps: every batch, every system on it, the systems in a fixed order on even
-     batches and in the reverse order on odd ones; each step alone (the device synchronised
-     before it) and timed with CUDA events on a GPU, the wall clock on CPU;
+     batches and in the reverse order on odd ones (ours first or last, the peers' steps run
+     between Lightning's steps); each step alone (the device synchronised before it) and timed
+     with CUDA events on a GPU, the wall clock on CPU;
   3. one more step of each system under torch.profiler: the SDPA backend that ran (the aten op
-     each attention call dispatched to), and kernels a step, GPU busy share and host ms.
+     each attention call dispatched to), kernels a step, GPU busy share and host ms;
+  4. ours and its variants: --profile-steps more steps under torch.profiler, their time split
+     by category (bench/step_profile.py): matrix products, attention, loss, norms and
+     elementwise, optimizer, host gaps.
 
 Per system: target tokens/s = all timed target tokens / all timed seconds; step time p10, p50, p90;
 model TFLOP/s and MFU from the same totals; peak memory (CUDA); ours / system = the system's total
-time over ours (the same batches). --out FILE keeps every step (warm and timed, with its batch
-shape, order and seconds) as JSON.
+time over ours (the same batches). Per batch list: the share of the matrix products' FLOPs spent
+on padding. --out FILE keeps every step (warm and timed, with its batch shape, order and seconds),
+the profiles and the categories as JSON.
 
-    python bench/bench_train.py --preset base                 # bf16 on a GPU, fp32 on CPU
-    python bench/bench_train.py --preset big --compiled-too
+    python bench/bench_train.py --preset base                 # bf16 on a GPU (the product's auto)
+    python bench/bench_train.py --preset big --variant compiled "compile=true"
     python bench/bench_train.py --preset recipe --data data/multi30k --out steps.json
+    python bench/bench_train.py --preset base --set data.pad_to_multiple=8 --no-peers \\
+        --variant graphs "compile=true data.num_buckets=8"
     python bench/bench_train.py --dry-run                     # tiny, CPU, seconds
 
-Presets (--model, --vocab, --tokens, --dropout override them):
-  base    transformer-base: 512 wide, 8 heads, 6+6 layers, FFN 2048, vocabulary 32k, 25k-token
+Presets (train.py overrides, bench/product_step.py; --model, --vocab, --tokens, --dropout
+override them):
+  base    model=base (512 wide, 8 heads, 6+6 layers, FFN 2048), vocabulary 32k, 25k-token batches
+  big     model=big (1024 wide, 16 heads, 6+6, FFN 4096), vocabulary 32k, 25k-token batches
+  recipe  experiment=multi30k_en_de, the GPU recipe: model=mini (128 wide, 4 heads, 4+4, FFN 256,
+          dropout 0.3), vocabulary 6k, 4,096-token batches
+  tiny    the dry run's: model=tiny (64 wide, 4 heads, 2+2, FFN 128), vocabulary 1k, 1,000-token
           batches
-  big     transformer-big: 1024 wide, 16 heads, 6+6, FFN 4096, vocabulary 32k, 25k-token batches
-  recipe  the GPU recipe (experiment=multi30k_en_de): model=mini (128 wide, 4 heads, 4+4, FFN
-          256, dropout 0.3), vocabulary 6k, 4,096-token batches
-  tiny    the dry run's: 64 wide, 4 heads, 2+2, FFN 128, vocabulary 1k, 1,000-token batches
 
-Batches: with --data DIR (a Multi30k folder), the project's own pipeline makes them
-(TranslationDataModule: SentencePiece with --data-vocab pieces, the token-budget sampler and
-collator, shuffled training batches); the model's vocabulary stays the preset's (ids index a
-larger table, which costs the same). Without it: synthetic sentences, log-normal lengths around 25
-pieces, length-bucketed into the budget.
+Batches: with --data DIR (a Multi30k folder), the product's data module makes them
+(SentencePiece with --data-vocab pieces, the token-budget sampler and collator, shuffled training
+batches); the model's vocabulary stays the preset's (ids index a larger table, which costs the
+same). Without it: synthetic sentences, log-normal lengths around 25 pieces, through the same
+sampler and collator.
 
 Systems:
-  ours                   transformer.Transformer: pre-norm, one embedding shared by encoder,
-                         decoder and output projection, scaled by sqrt(d_model), sinusoidal
-                         positions.
+  ours                   transformer.Transformer in transformer.training.TranslationModule:
+                         pre-norm, one embedding shared by encoder, decoder and output
+                         projection, scaled by sqrt(d_model), sinusoidal positions; its loss the
+                         output projection fused with the label-smoothed loss over the non-pad
+                         positions only (transformer/training/loss.py).
   torch.nn.Transformer   the same sizes, norm_first, inside our embedding and tied output
                          projection (bench/common.py); its dropout also acts on the attention
                          weights and inside the feed-forward block.
@@ -81,27 +94,25 @@ sentences, S = sum s_i, T = sum t_i:
   the loss and the optimizer.
 
 MFU = model FLOPs / time / peak FLOP/s, over all timed steps. GPU peaks are dense (no sparsity)
-datasheet figures picked from torch.cuda.get_device_name(): bf16 runs against the bf16 peak; fp32
-runs, whose matrix multiplications use TF32 (allow_tf32), against the TF32 peak. On CPU the peak is
-measured: the best of a few large matrix multiplications in the run's precision. --peak-tflops
-overrides.
+datasheet figures picked from torch.cuda.get_device_name(): bf16 runs against the bf16 peak, fp32
+runs against the fp32 peak (the product leaves TF32 off). On CPU the peak is measured: the best of
+a few large matrix multiplications in the run's precision. --peak-tflops overrides.
 
 Peak memory (CUDA): the model's parameters and optimizer state, plus the largest rise of
 torch.cuda.max_memory_allocated above the allocation at the start of its steps (activations,
-gradients, temporaries; no gradients are kept between steps). On CPU: n/a.
+gradients, temporaries). On CPU: n/a.
 """
 
 from __future__ import annotations
 
 import argparse
-import copy
 import importlib.metadata
 import importlib.util
 import json
 import math
+import shlex
 import sys
 import time
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -110,51 +121,44 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 import numpy as np
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from bench.common import (
-    Batch,
     EoleLogits,
     MarianLogits,
     TorchTransformer,
     autocast_factory,
     logits_loss,
-    own_loss,
-    synchronize,
     train_step,
 )
-from transformer import Transformer, TransformerConfig
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
-
-# d_model, heads, encoder and decoder layers, FFN width, default vocabulary (base/big: a WMT-size
-# joint BPE vocabulary; mini: the Multi30k recipes' model; small: an earlier Multi30k size; tiny:
-# CPU tests).
-SIZES = {
-    "tiny": (64, 4, 2, 128, 1000),
-    "mini": (128, 4, 4, 256, 6000),  # the Multi30k recipes' model=mini
-    "small": (256, 4, 4, 1024, 8000),
-    "base": (512, 8, 6, 2048, 32000),
-    "big": (1024, 16, 6, 4096, 32000),
-}
-
-
-@dataclass(frozen=True)
-class Preset:
-    model: str
-    vocab: int
-    tokens: int  # batch budget, padding included
-    dropout: float
-
-
-PRESETS = {
-    "base": Preset("base", 32000, 25000, 0.1),
-    "big": Preset("big", 32000, 25000, 0.1),
-    "recipe": Preset("mini", 6000, 4096, 0.3),  # experiment=multi30k_en_de
-    "tiny": Preset("tiny", 1000, 1000, 0.1),
-}
+from bench.product_step import (
+    PRESETS,
+    Product,
+    StepClock,
+    StepTimer,
+    as_tensors,
+    corpus_batches,
+    padding_share,
+    product,
+    synthetic_batches,
+)
+from bench.step_profile import (
+    CATEGORIES,
+    STEP_MARK,
+    StepProfile,
+    categories,
+    one_step,
+    profile_step,
+    profiler,
+)
+from transformer.config import TransformerConfig
+from transformer.data.collate import Batch
+from transformer.data.tokenizer import PAD_ID
+from transformer.training.trainer import precision_dtype, resolve_precision
 
 # Dense TFLOP/s (no sparsity): name fragment of torch.cuda.get_device_name(), bf16, tf32, fp32.
-# The first match wins. fp32 (non-tensor-core) peaks are listed for reference only.
+# The first match wins.
 GPU_PEAKS = (
     ("H100 PCIe", 756.0, 378.0, 51.0),
     ("H100", 989.0, 495.0, 67.0),  # SXM
@@ -162,19 +166,7 @@ GPU_PEAKS = (
     ("A100", 312.0, 156.0, 19.5),
 )
 
-# The aten op an SDPA call dispatches to, as torch.profiler names it -> its backend.
-SDPA_BACKENDS = {
-    "aten::_scaled_dot_product_flash_attention": "flash",
-    "aten::_scaled_dot_product_efficient_attention": "mem-efficient",
-    "aten::_scaled_dot_product_cudnn_attention": "cudnn",
-    "aten::_scaled_dot_product_flash_attention_for_cpu": "cpu-flash",
-    "aten::_scaled_dot_product_attention_math": "math",
-    "aten::_scaled_dot_product_fused_attention_overrideable": "overrideable",
-}
-
-FULL_LOGITS = "ours, full logits"  # a copy of ours trained with the peers' loss
-COMPILED = "ours, compiled"  # a copy of ours under torch.compile
-POSITIONS = "ours, positions="  # + a model.positions value: ours with that position encoding
+OURS = "ours"
 TORCH_TGT_PAD = "torch.nn.Transformer, target padding mask"  # as users usually call it
 
 
@@ -193,19 +185,6 @@ class Step:
 
 
 @dataclass
-class StepProfile:
-    """One step under torch.profiler. ``kernels``: CUDA kernels (on CPU: aten ops that call no
-    other aten op); ``gpu_busy``: the share of the step's span (host start to the last kernel's
-    end) when a kernel ran; ``host_ms``: the host's time to issue the step."""
-
-    kernels: int
-    gpu_busy: float | None
-    host_ms: float
-    sdpa: dict[str, int]  # backend -> forward calls
-    attention_kernels: list[str]  # CUDA kernel names of attention (forward and backward)
-
-
-@dataclass
 class Row:
     name: str
     parameters: int
@@ -216,6 +195,8 @@ class Row:
     peak_memory_mib: float | None  # None on CPU
     ratio: float | None  # this system's total time / ours; None for ours
     profile: StepProfile | None = None
+    categories: dict[str, float] | None = None  # ms a step by category (ours and its variants)
+    padding: float | None = None  # share of the matrix products' FLOPs on padding (its batches)
 
 
 @dataclass
@@ -223,15 +204,6 @@ class Result:
     rows: list[Row]
     notes: list[str]  # systems skipped, and why
     steps: list[Step] = field(default_factory=list)  # every step run, in order
-
-
-def model_config(size: str, vocab: int | None, dropout: float) -> TransformerConfig:
-    d_model, heads, layers, d_ff, default_vocab = SIZES[size]
-    vocab = vocab or default_vocab
-    return TransformerConfig(
-        vocab, vocab, d_model=d_model, num_heads=heads, num_encoder_layers=layers,
-        num_decoder_layers=layers, d_ff=d_ff, dropout=dropout, share_all_embeddings=True,
-    )  # fmt: skip
 
 
 def matrix_params(cfg: TransformerConfig) -> tuple[int, int, int]:
@@ -259,106 +231,18 @@ def train_flops(cfg: TransformerConfig, src_lens: Sequence[int], tgt_lens: Seque
 
 
 def batch_flops(cfg: TransformerConfig, batch: Batch) -> int:
-    src, _, labels = batch
-    src_lens = src.ne(PAD_ID).sum(1).tolist()
-    tgt_lens = labels.ne(PAD_ID).sum(1).tolist()
+    src_lens = batch.src.ne(PAD_ID).sum(1).tolist()
+    tgt_lens = batch.labels.ne(PAD_ID).sum(1).tolist()
     return train_flops(cfg, src_lens, tgt_lens)
-
-
-def sentence_lengths(
-    n: int, min_len: int, max_len: int, g: torch.Generator
-) -> tuple[Tensor, Tensor]:
-    """Source and target lengths (eos included): log-normal around 25, clipped to the range;
-    targets 0.9-1.3x their source, like subword pieces of news sentences."""
-    median = min(max(25.0, min_len), max_len)
-    src = (torch.randn(n, generator=g) * 0.45 + math.log(median)).exp()
-    tgt = src * (0.9 + 0.4 * torch.rand(n, generator=g))
-    return (
-        src.round().long().clamp(min_len, max_len),
-        tgt.round().long().clamp(min_len, max_len),
-    )
-
-
-def pack(src_len: Tensor, tgt_len: Tensor, max_tokens: int, multiple: int) -> list[Tensor]:
-    """Sentence indices per batch: sorted by length, each batch within ``max_tokens`` counted as
-    sentences x longest padded row on either side (the data module's budget)."""
-    longest = torch.maximum(src_len, tgt_len)
-    width = (longest + multiple - 1) // multiple * multiple
-    order = torch.argsort(longest * 1000 + src_len, stable=True).tolist()
-    batches, current = [], []
-    for i in order:  # ascending: the newest sentence is the widest
-        if current and (len(current) + 1) * int(width[i]) > max_tokens:
-            batches.append(torch.tensor(current))
-            current = []
-        current.append(i)
-    return batches  # the last, partial batch is left out
-
-
-def fill(src_len: Tensor, tgt_len: Tensor, vocab: int, multiple: int, g: torch.Generator) -> Batch:
-    """Right-padded random ids: source ... eos; decoder input bos ...; labels ... eos."""
-
-    def padded(lengths: Tensor) -> Tensor:
-        width = -(-int(lengths.max()) // multiple) * multiple
-        ids = torch.randint(4, vocab, (lengths.numel(), width), generator=g)
-        return ids.masked_fill(torch.arange(width) >= lengths.unsqueeze(1), PAD_ID)
-
-    src = padded(src_len)
-    src[torch.arange(src.size(0)), src_len - 1] = EOS_ID
-    labels = padded(tgt_len)
-    labels[torch.arange(labels.size(0)), tgt_len - 1] = EOS_ID
-    tgt_in = torch.cat([torch.full((labels.size(0), 1), BOS_ID), labels[:, :-1]], 1)
-    tgt_in = tgt_in.masked_fill(labels.eq(PAD_ID), PAD_ID)
-    return src, tgt_in, labels
-
-
-def make_batches(
-    n: int, max_tokens: int, vocab: int, lengths: tuple[int, int], multiple: int, seed: int = 0
-) -> list[Batch]:
-    """``n`` length-bucketed batches drawn at random from a pool of packed sentences."""
-    g = torch.Generator().manual_seed(seed)
-    pool = max(n * max_tokens // lengths[0], 64)  # about 2.5 n full batches or more
-    src_len, tgt_len = sentence_lengths(pool, *lengths, g)
-    packed = pack(src_len, tgt_len, max_tokens, multiple)
-    if len(packed) < n:
-        raise ValueError(f"--tokens {max_tokens} gives only {len(packed)} batches, need {n}")
-    chosen = torch.randperm(len(packed), generator=g)[:n].tolist()
-    return [fill(src_len[packed[i]], tgt_len[packed[i]], vocab, multiple, g) for i in chosen]
-
-
-def corpus_batches(
-    root: Path, n: int, max_tokens: int, vocab: int, multiple: int, cache_dir: Path, seed: int
-) -> list[Batch]:
-    """The first ``n`` shuffled training batches of the Multi30k files in ``root`` (over as many
-    epochs as that takes), as the project's data module makes them (SentencePiece with ``vocab``
-    pieces, the token-budget sampler, the collator; tokenizer and token ids cached in
-    ``cache_dir``)."""
-    from transformer.data.datamodule import TranslationDataModule
-
-    dm = TranslationDataModule(
-        source="multi30k", root=str(root), vocab_size=vocab, max_tokens=max_tokens,
-        pad_to_multiple=multiple, num_workers=0, seed=seed, cache_dir=str(cache_dir),
-        download=False,
-    )  # fmt: skip
-    dm.prepare_data()
-    dm.setup("fit")
-    batches: list[Batch] = []
-    while True:  # epoch after epoch (each reshuffled) while one holds fewer than n batches
-        epoch = len(batches)
-        for b in dm.train_dataloader():
-            batches.append((b.src, b.tgt_in, b.labels))
-            if len(batches) == n:
-                return batches
-        if len(batches) == epoch:
-            raise ValueError(f"{root}: the training split at --tokens {max_tokens} has no batch")
 
 
 def peak_tflops(device: torch.device, dtype: str, n: int = 2048, repeats: int = 10) -> float | None:
     """Datasheet peak for a known GPU (None for an unknown one); measured on CPU."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        for fragment, bf16, tf32, _fp32 in GPU_PEAKS:
+        for fragment, bf16, _tf32, fp32 in GPU_PEAKS:
             if fragment in name:
-                return bf16 if dtype == "bf16" else tf32
+                return fp32 if dtype == "fp32" else bf16
         return None
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
     a = torch.randn(n, n, dtype=torch_dtype)
@@ -371,149 +255,63 @@ def peak_tflops(device: torch.device, dtype: str, n: int = 2048, repeats: int = 
     return 2 * n**3 / best / 1e12
 
 
-def state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
-    """Parameters (tied ones once) and optimizer state: what a model holds between steps."""
-    params = sum(p.numel() * p.element_size() for p in model.parameters())
-    state = opt.state.values()
-    return params + sum(t.numel() * t.element_size() for s in state for t in s.values())
-
-
-def build_systems(
-    cfg: TransformerConfig,
-    notes: list[str],
-    full_logits_too: bool = False,
-    tgt_pad_mask_too: bool = False,
-    compiled_too: bool = False,
-    peers: bool = True,
-    positions_too: Sequence[str] = (),
+def build_peers(
+    cfg: TransformerConfig, notes: list[str], tgt_pad_mask_too: bool = False
 ) -> dict[str, nn.Module]:
+    """The peers of ours, built from its model config."""
     torch.manual_seed(0)
-    systems: dict[str, nn.Module] = {"ours": Transformer(cfg)}
-    if full_logits_too:
-        systems[FULL_LOGITS] = copy.deepcopy(systems["ours"])
-    if compiled_too:
-        systems[COMPILED] = copy.deepcopy(systems["ours"])
-    for positions in positions_too:
-        torch.manual_seed(0)
-        systems[POSITIONS + positions] = Transformer(replace(cfg, positions=positions))
-    if not peers:
-        return systems
     # causal mask only, like ours and Marian (right-padded targets need no padding mask)
-    systems["torch.nn.Transformer"] = TorchTransformer(cfg, tgt_pad_mask=False)
+    peers: dict[str, nn.Module] = {"torch.nn.Transformer": TorchTransformer(cfg, False)}
     if tgt_pad_mask_too:
-        systems[TORCH_TGT_PAD] = TorchTransformer(cfg, tgt_pad_mask=True)
+        peers[TORCH_TGT_PAD] = TorchTransformer(cfg, tgt_pad_mask=True)
     if importlib.util.find_spec("transformers") is None:
         notes.append("MarianMTModel: transformers not installed (pip install -e '.[bench]')")
     else:
-        systems["MarianMTModel"] = MarianLogits(cfg)
+        peers["MarianMTModel"] = MarianLogits(cfg)
     if importlib.util.find_spec("eole") is None:
         notes.append("eole: not installed (pip install eole)")
     else:
-        systems["eole"] = EoleLogits(cfg)
+        peers["eole"] = EoleLogits(cfg)
         notes.append(f"eole {importlib.metadata.version('eole')}: its EncoderDecoderModel")
-    return systems
-
-
-class StepTimer:
-    """Seconds of one step: CUDA events around it on a GPU (the device idle before it and
-    synchronised after), the wall clock on CPU."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.cuda = device.type == "cuda"
-        if self.cuda:
-            self.events = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-
-    def __call__(self, step: Callable[[], object]) -> float:
-        if not self.cuda:
-            start = time.perf_counter()
-            step()
-            return time.perf_counter() - start
-        torch.cuda.synchronize()
-        self.events[0].record()
-        step()
-        self.events[1].record()
-        self.events[1].synchronize()
-        return self.events[0].elapsed_time(self.events[1]) / 1e3
-
-
-def profile_step(step: Callable[[], object], device: torch.device) -> StepProfile:
-    """Run ``step`` once under torch.profiler: :class:`StepProfile`."""
-    from torch.autograd import DeviceType
-    from torch.profiler import ProfilerActivity, profile, record_function
-
-    activities = [ProfilerActivity.CPU]
-    if device.type == "cuda":
-        activities.append(ProfilerActivity.CUDA)
-    synchronize(device)
-    with profile(activities=activities) as prof:
-        with record_function("bench_step"):
-            step()
-        synchronize(device)
-    events = prof.events()
-    (mark,) = [e for e in events if e.name == "bench_step" and e.device_type == DeviceType.CPU]
-    host = mark.time_range
-    sdpa = Counter(SDPA_BACKENDS[e.name] for e in events if e.name in SDPA_BACKENDS)
-    on_gpu = [e for e in events if e.device_type == DeviceType.CUDA]
-    kernels = [
-        e for e in on_gpu
-        if not getattr(e, "is_user_annotation", False)  # record_function's GPU-side ranges
-        and e.name != "bench_step" and not e.name.startswith(("Memcpy", "Memset"))
-    ]  # fmt: skip
-    if device.type != "cuda":  # the ops that do the work: aten ops calling no other aten op
-        ops = [e for e in events if e.name.startswith("aten::")]
-        leaves = [e for e in ops if not any(c.name.startswith("aten::") for c in e.cpu_children)]
-        return StepProfile(len(leaves), None, host.elapsed_us() / 1e3, dict(sdpa), [])
-    if not kernels:
-        raise RuntimeError("the profile holds no CUDA kernel")
-    busy, end = 0.0, host.start  # the union of the kernels' intervals
-    for e in sorted(kernels, key=lambda e: e.time_range.start):
-        start = max(e.time_range.start, end)
-        busy += max(0.0, e.time_range.end - start)
-        end = max(end, e.time_range.end)
-    span = max(end, host.end) - host.start
-    attention = sorted({e.name[:120] for e in kernels if _attention_kernel(e.name)})
-    return StepProfile(len(kernels), busy / span, host.elapsed_us() / 1e3, dict(sdpa), attention)
-
-
-def _attention_kernel(name: str) -> bool:
-    lowered = name.lower()
-    return any(k in lowered for k in ("flash", "fmha", "attention", "sdpa", "cudnn"))
+    return peers
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), default="base")
-    p.add_argument("--model", choices=list(SIZES), default=None, help="default: the preset's")
-    p.add_argument("--vocab", type=int, default=None, help="default: the preset's")
+    p.add_argument("--model", default=None, help="a configs/model option (default: the preset's)")
+    p.add_argument("--vocab", type=int, default=None, help="the model's (default: the preset's)")
     p.add_argument("--tokens", type=int, default=None, help="batch budget, padding included")
     p.add_argument("--dropout", type=float, default=None, help="default: the preset's")
+    p.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE",
+        help="a train.py override for ours and its variants (repeatable)",
+    )  # fmt: skip
+    p.add_argument(
+        "--variant", nargs=2, action="append", default=[], metavar=("NAME", "OVERRIDES"),
+        help="add 'ours, NAME': ours with these train.py overrides (repeatable)",
+    )  # fmt: skip
     p.add_argument("--data", type=Path, default=None, help="a Multi30k folder: real batches")
     p.add_argument("--data-vocab", type=int, default=6000, help="SentencePiece pieces of --data")
     p.add_argument("--cache-dir", type=Path, default=Path("data/cache"), help="for --data")
     p.add_argument("--min-len", type=int, default=10, help="synthetic: shortest, eos included")
     p.add_argument("--max-len", type=int, default=60, help="synthetic: longest, eos included")
-    p.add_argument("--pad-to-multiple", type=int, default=1)
-    p.add_argument("--dtype", choices=["fp32", "bf16"], default=None, help="default: bf16 on CUDA")
-    p.add_argument("--compile", action="store_true", help="torch.compile every system")
-    p.add_argument("--compile-mode", default=None, help="torch.compile's mode (default: its own)")
-    p.add_argument("--compiled-too", action="store_true", help=f"add '{COMPILED}'")
     p.add_argument(
-        "--full-logits-too", action="store_true",
-        help=f"add '{FULL_LOGITS}': a copy of ours trained with the peers' loss",
+        "--dtype", choices=["fp32", "bf16"], default=None,
+        help="trainer.precision 32-true or bf16-mixed (default: the product's auto)",
     )  # fmt: skip
     p.add_argument(
         "--tgt-pad-mask-too", action="store_true",
         help=f"add '{TORCH_TGT_PAD}': torch.nn.Transformer given the target padding mask too",
     )  # fmt: skip
-    p.add_argument(
-        "--positions-too", default="", metavar="P,...",
-        help=f"add '{POSITIONS}P' for each model.positions value P (learned, rope, relative)",
-    )  # fmt: skip
     p.add_argument("--no-peers", action="store_true", help="ours (and its variants) only")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto")
     p.add_argument("--steps", type=int, default=50, help="timed batches (each system, each one)")
     p.add_argument("--warmup", type=int, default=2, help="extra untimed steps on the first batch")
-    p.add_argument("--label-smoothing", type=float, default=0.1)
+    p.add_argument(
+        "--profile-steps", type=int, default=20,
+        help="steps of ours (and each variant) profiled for the time by category",
+    )  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch default)")
     p.add_argument("--seed", type=int, default=0)
@@ -525,13 +323,192 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.dry_run:
         args.preset, args.device, args.steps, args.warmup = "tiny", "cpu", 4, 1
+        args.profile_steps = min(args.profile_steps, 2)
         args.peak_tflops = args.peak_tflops or 1.0
         args.threads = args.threads or 1  # OpenMP threads stall on a shared machine
-    preset = PRESETS[args.preset]
-    for name in ("model", "vocab", "tokens", "dropout"):
-        if getattr(args, name) is None:
-            setattr(args, name, getattr(preset, name))
     return args
+
+
+def overrides(args: argparse.Namespace, device: torch.device) -> list[str]:
+    """The train.py overrides of ours: the preset's, then the options', then --set's."""
+    out = list(PRESETS[args.preset])
+    out.append(f"trainer.accelerator={'gpu' if device.type == 'cuda' else 'cpu'}")
+    if args.model is not None:
+        out.append(f"model={args.model}")
+    if args.vocab is not None:
+        out += [f"model.src_vocab_size={args.vocab}", f"model.tgt_vocab_size={args.vocab}"]
+    if args.tokens is not None:
+        out.append(f"data.max_tokens={args.tokens}")
+    if args.dropout is not None:
+        out.append(f"model.dropout={args.dropout}")
+    if args.dtype is not None:
+        out.append(f"trainer.precision={'bf16-mixed' if args.dtype == 'bf16' else '32-true'}")
+    if args.data is not None:
+        out += [
+            "data=multi30k", f"data.root={args.data.resolve()}", "data.download=false",
+            f"data.vocab_size={args.data_vocab}", f"data.cache_dir={args.cache_dir.resolve()}",
+            "data.num_workers=0",
+        ]  # fmt: skip
+    out.append(f"seed={args.seed}")
+    return [*out, *args.set]
+
+
+@dataclass(frozen=True)
+class PlannedStep:
+    phase: str  # warm, timed, profile (the one-step profile) or categories
+    batch: int  # index in the timed batches
+    turn: int  # even: the systems in the fixed order, odd: in its reverse
+
+
+def plan(timed: Sequence[Batch], warmup: int, profile_steps: int) -> list[PlannedStep]:
+    """The steps of a product system's fit: the first batch --warmup times, the first batch of
+    each timed shape (the warm pass), every timed batch, the first batch profiled alone, then
+    --profile-steps timed batches profiled for the time by category."""
+    first: dict[tuple, int] = {}
+    for i, b in enumerate(timed):
+        first.setdefault((tuple(b.src.shape), tuple(b.labels.shape)), i)
+    steps = [PlannedStep("warm", 0, 0)] * warmup
+    steps += [PlannedStep("warm", i, k) for k, i in enumerate(first.values())]
+    steps += [PlannedStep("timed", i, i) for i in range(len(timed))]
+    steps += [PlannedStep("profile", 0, 0)]
+    return steps + [PlannedStep("categories", i % len(timed), 0) for i in range(profile_steps)]
+
+
+def shapes(batch: Batch) -> tuple[tuple[int, int], tuple[int, int]]:
+    return tuple(batch.src.shape), tuple(batch.labels.shape)
+
+
+class Run:
+    """One bench run: every step kept (:attr:`log`), each system's memory rise, profiles."""
+
+    def __init__(self, device: torch.device, peers: dict[str, Callable[[Batch], Tensor]]) -> None:
+        self.device, self.peers = device, peers
+        self.timer = StepTimer(device)
+        self.log: list[Step] = []
+        self.rise: dict[str, int] = {}
+        self.profiles: dict[str, StepProfile | None] = {}
+        self.categories: dict[str, dict[str, float]] = {}
+
+    def keep(self, name: str, step: PlannedStep, batch: Batch, position: int, s: float) -> None:
+        self.log.append(Step(step.phase, name, step.batch, position, *shapes(batch),
+                             batch.num_tgt_tokens, s))  # fmt: skip
+        self.rise[name] = max(self.rise.get(name, 0), self.timer.rise)
+
+    def peer(self, name: str, step: PlannedStep, batch: Batch, position: int) -> None:
+        seconds = self.timer(lambda: self.peers[name](batch))
+        self.keep(name, step, batch, position, seconds)
+
+    def fit(
+        self, name: str, system: Product, timed: list[Batch], args: argparse.Namespace,
+        with_peers: bool,
+    ) -> None:  # fmt: skip
+        """``system``'s fit over its plan; ``with_peers``, the peers' steps on the same batches,
+        before or after its step as the batch's turn orders them."""
+        steps = plan(timed, args.warmup, args.profile_steps)
+        order = [name, *(self.peers if with_peers else [])]
+        first_category = next(k for k, s in enumerate(steps) if s.phase == "categories")
+        state: dict[str, object] = {}
+
+        def turn(k: int) -> tuple[list[str], int]:
+            names = order if steps[k].turn % 2 == 0 else order[::-1]
+            return names, names.index(name)
+
+        def before(k: int) -> None:
+            if k == first_category:
+                state["categories"] = profiler(self.device).__enter__()
+            if steps[k].phase in ("warm", "timed"):
+                names, mine = turn(k)
+                for position, peer in enumerate(names[:mine]):
+                    self.peer(peer, steps[k], timed[steps[k].batch], position)
+
+        def around(k: int):
+            if steps[k].phase == "profile":
+                state["profile"] = ProfiledStep(self.device)
+                return state["profile"]
+            if steps[k].phase == "categories":
+                return torch.profiler.record_function(STEP_MARK)
+            return None
+
+        def record(k: int, seconds: float) -> None:
+            if steps[k].phase in ("warm", "timed"):
+                self.keep(name, steps[k], timed[steps[k].batch], turn(k)[1], seconds)
+
+        def after(k: int) -> None:
+            if steps[k].phase in ("warm", "timed"):
+                names, mine = turn(k)
+                for position, peer in enumerate(names[mine + 1 :], start=mine + 1):
+                    self.peer(peer, steps[k], timed[steps[k].batch], position)
+            if k == len(steps) - 1:
+                prof = state["categories"]
+                prof.__exit__(None, None, None)
+                self.categories[name] = categories(prof, self.device)
+
+        clock = StepClock(self.timer, record, before, after, around)
+        system.fit([timed[s.batch] for s in steps], clock)
+        self.profiles[name] = state["profile"].result
+
+
+class ProfiledStep:
+    """A context that profiles the step inside it (:func:`one_step`): :attr:`result`."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device, self.result = device, None
+        self._prof = profiler(device)
+        self._mark = torch.profiler.record_function(STEP_MARK)
+
+    def __enter__(self) -> ProfiledStep:
+        self._prof.__enter__()
+        self._mark.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mark.__exit__(*exc)
+        self._prof.__exit__(*exc)
+        self.result = one_step(self._prof, self.device)
+
+
+def make_batches(system: Product, args: argparse.Namespace, device: torch.device) -> list[Batch]:
+    """``--steps`` training batches as ``system``'s config makes them, on ``device``."""
+    cfg = system.cfg
+    if args.data is not None:
+        made = corpus_batches(cfg, args.steps)
+    else:
+        lengths = (args.min_len, args.max_len)
+        vocab = system.model_cfg.src_vocab_size
+        made = synthetic_batches(cfg.data, args.steps, vocab, lengths, args.seed)
+    tensors = ("src", "tgt_in", "labels", "src_pad_mask")
+    return [replace(b, **{f: getattr(b, f).to(device) for f in tensors}) for b in made]
+
+
+def peer_state_bytes(model: nn.Module, opt: torch.optim.Optimizer) -> int:
+    """Parameters (tied ones once) and optimizer state: what a model holds between steps."""
+    params = sum(p.numel() * p.element_size() for p in model.parameters())
+    state = [t for s in opt.state.values() for t in s.values() if torch.is_tensor(t)]
+    return params + sum(t.numel() * t.element_size() for t in state)
+
+
+def row(
+    name: str,
+    run: Run,
+    cfg: TransformerConfig,
+    batches: list[Batch],
+    parameters: int,
+    state_bytes: Callable[[], int],
+    peak: float | None,
+    product_system: bool,
+) -> Row:
+    """A system's row from its timed steps (on ``batches``)."""
+    mine = [s for s in run.log if s.phase == "timed" and s.system == name]
+    seconds = [s.seconds for s in mine]
+    total = sum(seconds)
+    tflops = sum(batch_flops(cfg, batches[s.batch]) for s in mine) / total / 1e12
+    memory = (state_bytes() + run.rise[name]) / 2**20 if run.device.type == "cuda" else None
+    p10, p50, p90 = (float(x) * 1e3 for x in np.percentile(seconds, [10, 50, 90]))
+    return Row(
+        name, parameters, sum(s.tokens for s in mine) / total, (p10, p50, p90), tflops,
+        tflops / peak if peak else None, memory, None, run.profiles.get(name),
+        run.categories.get(name), padding_share(cfg, batches) if product_system else None,
+    )  # fmt: skip
 
 
 def main(argv: Sequence[str] | None = None) -> Result:
@@ -540,107 +517,62 @@ def main(argv: Sequence[str] | None = None) -> Result:
         torch.set_num_threads(args.threads)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
-    dtype = args.dtype or ("bf16" if device.type == "cuda" else "fp32")
-    if device.type == "cuda":
-        torch.backends.cuda.matmul.allow_tf32 = True  # fp32 runs: TF32 matrix multiplications
-        torch.backends.cudnn.allow_tf32 = True
-    cfg = model_config(args.model, args.vocab, args.dropout)
     notes: list[str] = []
-    systems = build_systems(
-        cfg, notes, args.full_logits_too, args.tgt_pad_mask_too, args.compiled_too,
-        peers=not args.no_peers, positions_too=[p for p in args.positions_too.split(",") if p],
-    )  # fmt: skip
-    steps: dict[str, Callable[[Batch, int], Tensor]] = {}
-    opts, params = {}, {}
+    base = overrides(args, device)
+    systems = {OURS: product(base)}
+    for name, extra in args.variant:
+        systems[f"ours, {name}"] = product([*base, *shlex.split(extra)])
+    ours = systems[OURS]
+    cfg = ours.model_cfg
+    precision = resolve_precision(ours.cfg.trainer)
+    dtype = precision_dtype(precision)
+
+    batches: dict[str, list[Batch]] = {}
+    made: dict[str, list[Batch]] = {}  # by data config: systems with the same one share them
+    for name, system in systems.items():
+        key = json.dumps(OmegaConf.to_container(system.cfg.data, resolve=True), sort_keys=True)
+        if key not in made:
+            made[key] = make_batches(system, args, device)
+        batches[name] = made[key]
+
+    peers = {} if args.no_peers else build_peers(cfg, notes, args.tgt_pad_mask_too)
+    steps: dict[str, Callable[[Batch], Tensor]] = {}
+    opts: dict[str, torch.optim.Optimizer] = {}
     autocast = autocast_factory(device, dtype)
-    for name, model in systems.items():
+    for name, model in peers.items():
         model.to(device).train()
-        params[name] = sum(p.numel() for p in model.parameters() if p.requires_grad)
         opts[name] = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
-        compiled = args.compile or name == COMPILED
-        runner = torch.compile(model, mode=args.compile_mode) if compiled else model
-        if name in ("ours", COMPILED) or name.startswith(POSITIONS):
-            loss = own_loss(model, runner, args.label_smoothing)
-        else:
-            loss = logits_loss(runner, args.label_smoothing)
-        steps[name] = lambda batch, n, loss=loss, opt=opts[name]: train_step(
-            loss, opt, batch, n, autocast
+        loss = logits_loss(model, float(ours.cfg.loss.label_smoothing))
+        steps[name] = lambda b, loss=loss, opt=opts[name]: train_step(
+            loss, opt, as_tensors(b), b.num_tgt_tokens, autocast
         )
 
-    if args.data is not None:
-        batches = corpus_batches(
-            args.data, args.steps, args.tokens, args.data_vocab, args.pad_to_multiple,
-            args.cache_dir, args.seed,
-        )  # fmt: skip
-    else:
-        lengths = (args.min_len, args.max_len)
-        batches = make_batches(
-            args.steps, args.tokens, cfg.tgt_vocab_size, lengths, args.pad_to_multiple, args.seed
-        )
-    counts = [int(b[2].ne(PAD_ID).sum()) for b in batches]  # on the host, as the collator does
-    flops = [batch_flops(cfg, b) for b in batches]
-    batches = [tuple(t.to(device) for t in b) for b in batches]
-
-    names = list(systems)
-    timer = StepTimer(device)
-    log: list[Step] = []
-    rise: dict[str, int] = dict.fromkeys(names, 0)
-
-    def run(phase: str, i: int, order: Sequence[str]) -> None:
-        batch = batches[i]
-        for position, name in enumerate(order):
-            if device.type == "cuda":
-                torch.cuda.reset_peak_memory_stats(device)
-                base = torch.cuda.memory_allocated(device)
-            seconds = timer(lambda name=name: steps[name](batch, counts[i]))
-            if device.type == "cuda":
-                rise[name] = max(rise[name], torch.cuda.max_memory_allocated(device) - base)
-            shapes = tuple(batch[0].shape), tuple(batch[2].shape)
-            log.append(Step(phase, name, i, position, *shapes, counts[i], seconds))
-
-    def order(i: int) -> list[str]:
-        return names if i % 2 == 0 else names[::-1]  # the fixed order, then its reverse
-
-    first_of_shape: dict[tuple, int] = {}
-    for i, b in enumerate(batches):
-        first_of_shape.setdefault((b[0].shape, b[2].shape), i)
-    for _ in range(args.warmup):
-        run("warm", 0, names)
-    for k, i in enumerate(first_of_shape.values()):
-        run("warm", i, order(k))
-    for i in range(len(batches)):
-        run("timed", i, order(i))
-
-    profiles: dict[str, StepProfile | None] = {}
-    for name in names:  # one more step each, under the profiler
+    run = Run(device, steps)
+    for name, system in systems.items():  # the peers alongside ours; each variant alone
+        run.fit(name, system, batches[name], args, with_peers=name == OURS)
+    for name, step in steps.items():  # one more step each, under the profiler
         try:
-            profiles[name] = profile_step(
-                lambda name=name: steps[name](batches[0], counts[0]), device
-            )
+            run.profiles[name] = profile_step(lambda step=step: step(batches[OURS][0]), device)
         except Exception as err:  # a profiler that fails must not cost the timings
-            profiles[name] = None
+            run.profiles[name] = None
             notes.append(f"{name}: torch.profiler failed ({type(err).__name__}: {err})")
 
-    peak = args.peak_tflops or peak_tflops(device, dtype)
-    timed = [s for s in log if s.phase == "timed"]
-    total = {n: sum(s.seconds for s in timed if s.system == n) for n in names}
-    rows = []
-    for name in names:
-        seconds = [s.seconds for s in timed if s.system == name]
-        tflops = sum(flops) / total[name] / 1e12
-        memory = None
-        if device.type == "cuda":
-            memory = (state_bytes(systems[name], opts[name]) + rise[name]) / 2**20
-        p10, p50, p90 = (float(x) * 1e3 for x in np.percentile(seconds, [10, 50, 90]))
-        rows.append(
-            Row(name, params[name], sum(counts) / total[name], (p10, p50, p90), tflops,
-                tflops / peak if peak else None, memory,
-                None if name == "ours" else total[name] / total["ours"], profiles[name])
-        )  # fmt: skip
-    result = Result(rows, notes, log)
-    report(args, cfg, device, dtype, peak, batches, flops, len(first_of_shape), result)
+    peak = args.peak_tflops or peak_tflops(device, "fp32" if dtype == torch.float32 else "bf16")
+    rows = [
+        row(name, run, system.model_cfg, batches[name], system.parameters, system.state_bytes,
+            peak, product_system=True)
+        for name, system in systems.items()
+    ]  # fmt: skip
+    for name, model in peers.items():
+        parameters = sum(p.numel() for p in model.parameters() if p.requires_grad)
+        state = lambda model=model, opt=opts[name]: peer_state_bytes(model, opt)  # noqa: E731
+        rows.append(row(name, run, cfg, batches[OURS], parameters, state, peak, False))
+    for r in rows[1:]:
+        r.ratio = rows[0].tokens_per_s / r.tokens_per_s
+    result = Result(rows, notes, run.log)
+    report(args, ours, device, precision, peak, batches[OURS], result)
     if args.out is not None:
-        write_steps(args.out, args, cfg, device, dtype, result)
+        write_steps(args.out, args, ours, device, precision, result)
     return result
 
 
@@ -657,43 +589,45 @@ def environment(device: torch.device) -> str:
 
 def report(
     args: argparse.Namespace,
-    cfg: TransformerConfig,
+    ours: Product,
     device: torch.device,
-    dtype: str,
+    precision: str,
     peak: float | None,
     batches: list[Batch],
-    flops: list[int],
-    shapes: int,
     result: Result,
 ) -> None:
-    def pad_share(side: int) -> float:
-        return 1 - sum(int(b[side].ne(PAD_ID).sum()) for b in batches) / sum(
-            b[side].numel() for b in batches
-        )
+    def pad_share(field: str) -> float:
+        tensors = [getattr(b, field) for b in batches]
+        return 1 - sum(int(t.ne(PAD_ID).sum()) for t in tensors) / sum(t.numel() for t in tensors)
 
+    cfg, data = ours.model_cfg, ours.cfg.data
     n = len(batches)
     if args.peak_tflops:
         peak_source = "given (--peak-tflops)"
     elif device.type == "cuda":
-        peak_source = "datasheet, dense" + (", TF32" if dtype == "fp32" else "")
+        peak_source = "datasheet, dense"
     else:
-        peak_source = f"measured: best of 10 2048x2048 {dtype} matmuls"
+        peak_source = "measured: best of 10 2048x2048 matmuls"
     source = f"Multi30k in {args.data} ({args.data_vocab} pieces)" if args.data else "synthetic"
+    flops = sum(batch_flops(cfg, b) for b in batches)
     print(
-        f"{environment(device)}\ndtype={dtype} compile={args.compile} "
-        f"compile_mode={args.compile_mode}\npreset={args.preset} model={args.model}: "
+        f"{environment(device)}\nours: train.py {' '.join(overrides(args, device))}\n"
+        f"precision={precision} compile={ours.cfg.get('compile')} "
         f"d_model={cfg.d_model} heads={cfg.num_heads} layers={cfg.num_encoder_layers}+"
-        f"{cfg.num_decoder_layers} d_ff={cfg.d_ff} vocab={cfg.tgt_vocab_size} (shared, tied) "
-        f"dropout={cfg.dropout} label_smoothing={args.label_smoothing}\nbatches: {source}, "
-        f"budget {args.tokens} tokens, padded to multiples of {args.pad_to_multiple}; per batch "
-        f"on average {sum(b[0].size(0) for b in batches) / n:.0f} sentences, "
-        f"{sum(int(b[0].ne(PAD_ID).sum()) for b in batches) / n:,.0f} source and "
-        f"{sum(int(b[2].ne(PAD_ID).sum()) for b in batches) / n:,.0f} target tokens, "
-        f"padding {pad_share(0):.1%} (source) {pad_share(2):.1%} (target); "
-        f"{sum(flops) / n / 1e12:.3f} model TFLOP/step\n"
-        f"steps: a warm pass over the {shapes} batch shapes + {args.warmup} for every system, "
-        f"then {n} timed batches per system, the systems in a fixed order and its reverse "
-        f"alternately; {'CUDA events' if device.type == 'cuda' else 'wall clock'}; peak "
+        f"{cfg.num_decoder_layers} d_ff={cfg.d_ff} vocab={cfg.tgt_vocab_size} dropout="
+        f"{cfg.dropout} label_smoothing={ours.cfg.loss.label_smoothing} clip="
+        f"{ours.cfg.trainer.gradient_clip_val}\nbatches: {source}, budget {data.max_tokens} "
+        f"tokens, padded to multiples of {data.pad_to_multiple}, {data.num_buckets} buckets; per "
+        f"batch on average {sum(len(b) for b in batches) / n:.0f} sentences, "
+        f"{sum(int(b.src.ne(PAD_ID).sum()) for b in batches) / n:,.0f} source and "
+        f"{sum(b.num_tgt_tokens for b in batches) / n:,.0f} target tokens, padding "
+        f"{pad_share('src'):.1%} (source) {pad_share('labels'):.1%} (target), "
+        f"{result.rows[0].padding:.1%} of the matrix products' FLOPs; "
+        f"{flops / n / 1e12:.3f} model TFLOP/step\n"
+        f"steps: a warm pass over every batch shape + {args.warmup} for every system, then "
+        f"{n} timed batches per system, the systems in a fixed order and its reverse "
+        f"alternately (variants of ours in fits of their own); "
+        f"{'CUDA events' if device.type == 'cuda' else 'wall clock'}; peak "
         + (f"{peak:.3g} TFLOP/s ({peak_source})" if peak else "unknown (pass --peak-tflops)")
     )
     print(
@@ -712,12 +646,12 @@ def report(
         )
     print(
         "tokens/s, TFLOP/s, MFU: all timed tokens and FLOPs over all timed seconds; ours / "
-        "system: the system's total time over ours on the same batches. Ours trains with its "
-        "own loss (projection fused with the loss, non-pad positions only), the peers with "
-        "cross entropy on full (B, T, V) logits. MarianMTModel is post-norm with its own "
-        "embedding scale; torch.nn.Transformer runs pre-norm like ours."
+        "system: ours's target tokens/s over the system's. Ours is the product's training step "
+        "(projection fused with the loss, non-pad positions only, clipping, its schedule), the "
+        "peers a plain loop with cross entropy on full (B, T, V) logits. MarianMTModel is "
+        "post-norm with its own embedding scale; torch.nn.Transformer runs pre-norm like ours."
     )
-    kernels = "CUDA kernels" if device.type == "cuda" else "aten ops (leaves)"
+    kernels = "CUDA kernels" if device.type == "cuda" else "operators (leaves)"
     print(f"\none step under torch.profiler (batch 0)\n| system | {kernels} | GPU busy | host ms |")
     print("|---|---|---|---|")
     for r in result.rows:
@@ -730,6 +664,20 @@ def report(
     for r in result.rows:
         if r.profile is not None and r.profile.attention_kernels:
             print(f"{r.name}: attention kernels {', '.join(r.profile.attention_kernels)}")
+    profiled = [r for r in result.rows if r.categories]
+    if profiled:
+        steps = profiled[0].categories["steps"]
+        work = "GPU kernels" if device.type == "cuda" else "CPU operators"
+        print(
+            f"\nms a step by category ({work}; {steps:.0f} profiled steps; bench/step_profile.py)"
+        )
+        print("| system | " + " | ".join(CATEGORIES) + " | step |")
+        print("|---|" + "---|" * (len(CATEGORIES) + 1))
+        for r in profiled:
+            cells = [r.categories[c] for c in CATEGORIES]
+            total = sum(cells)
+            print(f"| {r.name} | " + " | ".join(f"{x:.2f} ({x / total:.0%})" for x in cells)
+                  + f" | {total:.2f} |")  # fmt: skip
     if device.type == "cpu":
         print("peak memory: n/a on CPU (one process's peak RSS cannot be split between systems)")
     for note in result.notes:
@@ -746,17 +694,19 @@ def sdpa_label(profile: StepProfile | None) -> str:
 def write_steps(
     path: Path,
     args: argparse.Namespace,
-    cfg: TransformerConfig,
+    ours: Product,
     device: torch.device,
-    dtype: str,
+    precision: str,
     result: Result,
 ) -> None:
     options = {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()}
     record = {
         "environment": environment(device),
-        "dtype": dtype,
+        "dtype": precision,
         "options": options,
-        "model": cfg.to_dict(),
+        "overrides": overrides(args, device),
+        "batch_tokens": ours.cfg.data.max_tokens,
+        "model": ours.model_cfg.to_dict(),
         "systems": [asdict(r) for r in result.rows],
         "notes": result.notes,
         "steps": [asdict(s) for s in result.steps],

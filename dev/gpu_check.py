@@ -360,20 +360,28 @@ def _train_tables(out: Path) -> list[str]:
     path = out / "train_steps.json"
     if not path.is_file():
         return ["(no train_steps.json: bench_train did not finish)"]
+    return bench_tables(json.loads(path.read_text()))
+
+
+def bench_tables(runs: dict[str, Any]) -> list[str]:
+    """bench_train's runs (label -> its JSON) as markdown: a row per system, then the time of
+    ours (and its variants) by category, then a note per run."""
     lines = [
         "| preset | system | target tokens/s | step ms p10 / p50 / p90 | MFU | peak memory "
         "| SDPA | kernels a step | GPU busy | host ms a step | ours / system |",
         "|---|---|---:|---|---:|---:|---|---:|---:|---:|---:|",
     ]
+    split: list[str] = []
     notes = []
-    for preset, run in json.loads(path.read_text()).items():
+    for preset, run in runs.items():
         model, options = run["model"], run["options"]
         notes.append(
             f"- {preset}: d_model {model['d_model']}, {model['num_heads']} heads, "
             f"{model['num_encoder_layers']}+{model['num_decoder_layers']} layers, FFN "
-            f"{model['d_ff']}, vocabulary {model['tgt_vocab_size']}, {options['tokens']}-token "
-            f"batches from {options['data'] or 'synthetic sentences'}, {run['dtype']}, "
-            f"{options['steps']} timed batches; {run['environment']}"
+            f"{model['d_ff']}, vocabulary {model['tgt_vocab_size']}, "
+            f"{run.get('batch_tokens', options.get('tokens'))}-token batches from "
+            f"{options['data'] or 'synthetic sentences'}, {run['dtype']}, {options['steps']} "
+            f"timed batches; train.py {' '.join(run.get('overrides', []))}; {run['environment']}"
         )
         for r in run["systems"]:
             p = r["profile"] or {}
@@ -391,7 +399,22 @@ def _train_tables(out: Path) -> list[str]:
                 + (f"{r['ratio']:.2f}x" if r["ratio"] else "-")
                 + " |"
             )
-    return [*lines, "", *notes]
+            if r.get("categories"):
+                names = [c for c in r["categories"] if c != "steps"]  # step_profile's, in order
+                if not split:
+                    split += [
+                        "| preset | system | " + " | ".join(names) + " | step ms | padding |",
+                        "|---|---|" + "---:|" * (len(names) + 2),
+                    ]
+                cells = [r["categories"][c] for c in names]
+                total = sum(cells)
+                split.append(
+                    f"| {preset} | {r['name']} | "
+                    + " | ".join(f"{x:.2f} ({x / total:.0%})" for x in cells)
+                    + f" | {total:.2f} | {r['padding']:.1%} |"
+                )
+    heading = "Time a step by category, ms (bench/step_profile.py; padding: of the products' FLOPs)"
+    return [*lines, "", heading, "", *split, "", *notes]
 
 
 def _pace_tables(out: Path) -> list[str]:

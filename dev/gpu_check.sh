@@ -262,13 +262,14 @@ stage1() {
   local bench=$OUT_DIR/train_bench.txt
   : >"$bench"
   begin_stage
-  # bench_train (bench/bench_train.py): a warm pass over every batch shape, then 50 timed
-  # batches per system in a fixed order and its reverse, bf16 autocast, fused AdamW for all, the
-  # project's own Multi30k batches (data/cache shares the tokenizer and ids with train.py),
-  # padded to multiples of 8. First ours and ours on full logits against torch.nn.Transformer
-  # and MarianMTModel at each size; then ours against ours compiled alone (a compilation that
-  # runs long costs those runs only), at the recipe's size and base.
-  local common=(--data "$DATA" --dtype bf16 --pad-to-multiple 8)
+  # bench_train (bench/bench_train.py): the product's own training step (the module and Trainer
+  # train.py builds, its precision, casts, clipping and fused AdamW) on the project's own
+  # Multi30k batches (data/cache shares the tokenizer and ids with train.py), padded as the
+  # config pads them; a warm pass over every batch shape, then 50 timed batches per system in a
+  # fixed order and its reverse, then 20 steps of ours profiled by category. First ours against
+  # torch.nn.Transformer and MarianMTModel at each size; then ours against ours compiled alone
+  # (a compilation that runs long costs those runs only), at the recipe's size and base.
+  local common=(--data "$DATA")
   local compile_env=()
   if ((DRY)); then
     common=(--dry-run --data "$DATA" --data-vocab "$DRY_VOCAB" --cache-dir "$TMP/cache")
@@ -279,9 +280,9 @@ stage1() {
   for run in ${GPU_CHECK_RUNS:-recipe base big recipe-compiled base-compiled}; do
     preset=${run%-compiled}
     case $run in
-      *-compiled) limit=150 extra=(--no-peers --compiled-too) ;;
-      big) limit=150 extra=(--full-logits-too) ;;
-      *) limit=120 extra=(--full-logits-too) ;;
+      *-compiled) limit=150 extra=(--no-peers --variant compiled compile=true) ;;
+      big) limit=150 extra=() ;;
+      *) limit=120 extra=() ;;
     esac
     rm -f "$WORK/bench_train_$run.json"
     run_step "$limit" "$bench" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \

@@ -1,39 +1,95 @@
-"""bench/bench_train.py: the FLOP formula by hand, the batches, and its dry run: a warm pass over
-every timed shape, a fixed order and its reverse, totals and percentiles from the steps it keeps,
-the attention backend that ran."""
+"""bench/bench_train.py: ours is the step train.py runs (the same operators, on CUDA's code paths),
+the FLOP formula by hand, the batches, and its dry run: a warm pass over every timed shape, a fixed
+order and its reverse, totals and percentiles from the steps it keeps, the attention backend that
+ran, the time by category."""
+
+from __future__ import annotations
 
 import importlib.util
 import json
 
+import lightning as L
 import numpy as np
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bench import bench_train
-from bench.bench_train import main, make_batches, matrix_params, model_config, train_flops
-from bench.common import logits_loss, own_loss, train_step
+from bench.bench_train import main, matrix_params, train_flops
+from bench.common import logits_loss
+from bench.count_kernels import cuda_code_paths
+from bench.product_step import (
+    StepClock,
+    StepTimer,
+    corpus_batches,
+    padding_share,
+    product,
+    synthetic_batches,
+)
+from bench.step_profile import CATEGORIES
+from tests.tiny import compose_cfg, tiny_overrides
 from transformer import Transformer, TransformerConfig
 from transformer.data.synthetic import write_corpus
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.training import train
 
 pytestmark = pytest.mark.bench  # a script of bench/ or dev/
 
 
-@pytest.fixture(scope="module")
-def dry(tmp_path_factory):
-    """The dry run (tiny, CPU) with ours on full logits too, its steps kept, and the shapes of
-    the batches every training step really got, in call order."""
-    out = tmp_path_factory.mktemp("bench") / "steps.json"
-    shapes: list[tuple[tuple[int, ...], tuple[int, ...]]] = []
+class Operators(TorchDispatchMode):
+    """Every operator that runs, with its tensors' shapes and dtypes, in order."""
 
-    def spy(loss, opt, batch, num_labels, autocast):
-        shapes.append((tuple(batch[0].shape), tuple(batch[2].shape)))
-        return train_step(loss, opt, batch, num_labels, autocast)
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[tuple] = []
 
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(bench_train, "train_step", spy)
-        result = main(["--dry-run", "--full-logits-too", "--out", str(out)])
-    return result, shapes, json.loads(out.read_text())
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+        self.calls.append((str(func), [(tuple(t.shape), t.dtype) for t in tensors]))
+        return func(*args, **(kwargs or {}))
+
+
+RECORDED: dict[int, Operators] = {}  # train()'s recorder keeps its operators here
+
+
+class RecordStep(L.Callback):
+    """Records the operators of training step ``step`` (train.py's callbacks, from the config)."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+
+    def on_train_batch_start(self, trainer, module, batch, batch_idx: int) -> None:
+        if batch_idx == self.step:
+            RECORDED[self.step] = Operators().__enter__()
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_idx: int) -> None:
+        if batch_idx == self.step:
+            RECORDED[self.step].__exit__(None, None, None)
+
+
+@pytest.mark.slow
+def test_ours_runs_the_operators_of_the_step_train_py_runs(corpus, tmp_path):
+    """The benchmark's step of ours and a step of ``train(cfg)`` on the same batch (the second,
+    after a first that initialises the optimizer's state), on CUDA's code paths in bf16: the same
+    operators, in the same order, on tensors of the same shapes and dtypes. The bulk autocast
+    casts, the fused loss, clipping, the optimizer, the data's padding: whatever train.py runs a
+    step, the benchmark times."""
+    common = [*tiny_overrides(corpus), "trainer.precision=bf16-mixed", "data.pad_to_multiple=8"]
+    common += ["optim.optimizer.fused=true", "ema.decay=0.9"]  # CUDA's fused AdamW; EMA a step
+    record = ["+callbacks.record._target_=tests.bench.test_bench_train.RecordStep"]
+    record += ["+callbacks.record.step=1", "trainer.max_steps=2", "trainer.limit_val_batches=0"]
+    with cuda_code_paths():
+        train(compose_cfg([*common, *record], tmp_path / "run"))
+        ours = product(common, tmp_path / "bench")
+        batches = corpus_batches(ours.cfg, 2)
+        bench = Operators()
+        clock = StepClock(StepTimer(torch.device("cpu")), lambda k, s: None)
+        clock.around = lambda k: bench if k == 1 else None
+        ours.fit(batches, clock)
+    trained = RECORDED.pop(1).calls
+    assert len(trained) > 500  # a whole step: forward, loss, backward, clipping, AdamW
+    assert any("_fused_adamw" in name for name, _ in trained)
+    assert bench.calls == trained
 
 
 def test_flops_of_a_one_layer_model_by_hand() -> None:
@@ -51,7 +107,7 @@ def test_flops_of_a_one_layer_model_by_hand() -> None:
 
 
 def test_counted_matrices_are_the_models_weight_matrices() -> None:
-    cfg = model_config("tiny", None, 0.1)
+    cfg = product(["model=tiny", "model.src_vocab_size=100", "model.tgt_vocab_size=100"]).model_cfg
     model = Transformer(cfg)
     n_enc, n_dec, n_kv = matrix_params(cfg)
     assert n_enc == sum(p.numel() for p in model.encoder.parameters() if p.dim() == 2)
@@ -59,43 +115,65 @@ def test_counted_matrices_are_the_models_weight_matrices() -> None:
     assert n_dec + n_kv == decoder + model.output.weight.numel()
 
 
-def test_batches_are_bucketed_within_the_budget() -> None:
-    batches = make_batches(4, 1000, 100, (10, 60), multiple=8)
-    assert len(batches) == 4
+def test_synthetic_batches_are_planned_and_padded_as_the_data_module_does() -> None:
+    data = compose_cfg(["data.max_tokens=1000", "data.pad_to_multiple=8"]).data
+    batches = synthetic_batches(data, 6, 100, (10, 60), seed=0)
+    assert len(batches) == 6
     real, total = 0, 0
-    for src, tgt_in, labels in batches:
-        assert src.numel() <= 1000 and labels.numel() <= 1000 and src.size(1) % 8 == 0
-        assert tgt_in[:, 0].eq(BOS_ID).all() and tgt_in.ne(PAD_ID).eq(labels.ne(PAD_ID)).all()
-        lengths = labels.ne(PAD_ID).sum(1)
-        assert labels[torch.arange(len(labels)), lengths - 1].eq(EOS_ID).all()
-        assert lengths.min() >= 10 and lengths.max() <= 60
-        real, total = real + int(lengths.sum()), total + labels.numel()
+    for b in batches:
+        assert b.src.numel() <= 1000 and b.labels.numel() <= 1000 and b.src.size(1) % 8 == 0
+        assert b.tgt_in[:, 0].eq(BOS_ID).all() and b.tgt_in.ne(PAD_ID).eq(b.labels.ne(PAD_ID)).all()
+        lengths = b.labels.ne(PAD_ID).sum(1)
+        assert b.labels[torch.arange(len(b)), lengths - 1].eq(EOS_ID).all()
+        assert lengths.min() >= 10 and lengths.max() <= 60 and b.num_tgt_tokens == lengths.sum()
+        real, total = real + int(lengths.sum()), total + b.labels.numel()
     assert real / total > 0.75  # length bucketing keeps padding small
+    bucketed = synthetic_batches(compose_cfg(["data.num_buckets=3"]).data, 20, 100, (10, 60), 0)
+    assert len({tuple(b.src.shape) for b in bucketed}) <= 3  # the shapes of 3 buckets
+
+
+def test_padding_share_counts_padded_rows_of_the_layers_but_labels_of_the_projection() -> None:
+    cfg = TransformerConfig(
+        10, 10, d_model=8, num_heads=2, num_encoder_layers=1, num_decoder_layers=1, d_ff=16
+    )
+    data = compose_cfg(["data.max_tokens=1000"]).data
+    (batch,) = synthetic_batches(data, 1, 10, (10, 60), seed=0)
+    assert padding_share(cfg, [batch]) == pytest.approx(0.0, abs=0.2)
+    src_real, tgt_real = int(batch.src.ne(PAD_ID).sum()), batch.num_tgt_tokens
+    enc = 2 * 8 * 8 + 2 * 8 * 8 + 2 * 8 * 16  # Q, output; K, V; FFN: 384 a source position
+    kv, dec = 2 * 8 * 8, 4 * 8 * 8 + 2 * 8 * 8 + 2 * 8 * 16  # 128; 640 a target position
+    padded = (enc + kv) * batch.src.numel() + dec * batch.labels.numel() + 8 * 10 * tgt_real
+    real = (enc + kv) * src_real + dec * tgt_real + 8 * 10 * tgt_real
+    assert padding_share(cfg, [batch]) == pytest.approx(1 - real / padded)
 
 
 @pytest.mark.slow
 def test_corpus_batches_go_on_into_the_next_epochs_when_one_is_too_short(tmp_path) -> None:
     # Multi30k at base's 25,000 tokens is 25 batches an epoch, fewer than 50 timed ones.
     root = write_corpus(tmp_path / "corpus", {"train": 60, "val": 8, "test_2016_flickr": 8}, ".gz")
-    batches = bench_train.corpus_batches(root, 9, 200, 60, 1, tmp_path / "cache", seed=0)
-    epoch = [b[0] for b in bench_train.corpus_batches(root, 1, 200, 60, 1, tmp_path / "c2", 0)]
+    data = [f"data.root={root}", "data.vocab_size=60", "data.max_tokens=200", "data.num_workers=0"]
+    data += [f"data.cache_dir={tmp_path / 'cache'}", "data.download=false"]
+    cfg = product(["model=tiny", *data]).cfg
+    batches = corpus_batches(cfg, 9)
+    epoch = corpus_batches(cfg, 1)
     assert len(batches) == 9
-    assert sum(b[0].size(0) for b in batches) > 60  # more sentences than one epoch holds
-    assert torch.equal(batches[0][0], epoch[0])  # the first epoch first, as before
+    assert sum(len(b) for b in batches) > 60  # more sentences than one epoch holds
+    assert torch.equal(batches[0].src, epoch[0].src)  # the first epoch first, as before
 
 
-def test_the_steps_kept_are_the_steps_run(dry) -> None:
-    result, shapes, _ = dry
-    assert [(s.src_shape, s.tgt_shape) for s in result.steps] == shapes[
-        : len(shapes) - len(result.rows)
-    ]  # then one profiled step per system
+@pytest.fixture(scope="module")
+def dry(tmp_path_factory):
+    """The dry run (tiny, CPU) with a variant of ours, its steps kept."""
+    out = tmp_path_factory.mktemp("bench") / "steps.json"
+    result = main(["--dry-run", "--variant", "rope", "model.positions=rope", "--out", str(out)])
+    return result, json.loads(out.read_text())
 
 
 @pytest.mark.slow
 def test_every_timed_shape_is_warmed_up_first_for_every_system(dry) -> None:
-    result, _, _ = dry
+    result, _ = dry
     names = [r.name for r in result.rows]
-    assert names[:2] == ["ours", "ours, full logits"] and "torch.nn.Transformer" in names
+    assert names[:2] == ["ours", "ours, rope"] and "torch.nn.Transformer" in names
     for name in names:
         mine = [s for s in result.steps if s.system == name]
         phases = [s.phase for s in mine]
@@ -106,41 +184,58 @@ def test_every_timed_shape_is_warmed_up_first_for_every_system(dry) -> None:
 
 
 @pytest.mark.slow
-def test_systems_take_turns_in_a_fixed_order_and_its_reverse(dry) -> None:
-    result, _, _ = dry
-    names = [r.name for r in result.rows]
+def test_ours_and_the_peers_take_turns_in_a_fixed_order_and_its_reverse(dry) -> None:
+    """The peers run beside ours (its variants alone, after): ours first on even batches, last
+    on odd ones."""
+    result, _ = dry
+    names = ["ours", *[r.name for r in result.rows if not r.name.startswith("ours")]]
     timed = [s for s in result.steps if s.phase == "timed"]
     for batch in range(4):
-        order = [s.system for s in timed if s.batch == batch]
+        order = [s.system for s in timed if s.batch == batch and s.system in names]
         assert order == (names if batch % 2 == 0 else names[::-1])
-        assert [s.position for s in timed if s.batch == batch] == list(range(len(names)))
+        assert [s.position for s in timed if s.batch == batch and s.system in names] == [0, 1]
+    variant = [s.system for s in result.steps if s.system == "ours, rope"]
+    assert result.steps[-len(variant) :] == [s for s in result.steps if s.system == "ours, rope"]
 
 
 @pytest.mark.slow
 def test_totals_and_percentiles_come_from_the_steps_kept(dry) -> None:
-    result, _, kept = dry
+    result, kept = dry
     steps = [s for s in kept["steps"] if s["phase"] == "timed"]
-    total = {}
+    rate = {}
     for row in kept["systems"]:
         mine = [s for s in steps if s["system"] == row["name"]]
         seconds = [s["seconds"] for s in mine]
-        total[row["name"]] = sum(seconds)
-        assert row["tokens_per_s"] == pytest.approx(sum(s["tokens"] for s in mine) / sum(seconds))
+        rate[row["name"]] = sum(s["tokens"] for s in mine) / sum(seconds)
+        assert row["tokens_per_s"] == pytest.approx(rate[row["name"]])
         p10, p50, p90 = row["step_ms"]
         assert p10 <= p50 <= p90
         assert [p10, p50, p90] == pytest.approx(np.percentile(seconds, [10, 50, 90]) * 1e3)
         assert row["mfu"] > 0 and row["peak_memory_mib"] is None  # CPU: n/a
     for row in kept["systems"][1:]:
-        assert row["ratio"] == pytest.approx(total[row["name"]] / total["ours"])
+        assert row["ratio"] == pytest.approx(rate["ours"] / rate[row["name"]])
     assert [r.name for r in result.rows] == [r["name"] for r in kept["systems"]]
 
 
 @pytest.mark.slow
-def test_the_attention_backend_that_ran_is_named(dry) -> None:
-    """From the aten ops of a profiled step: ours calls SDPA once per attention layer (2 encoder
-    self-attention, 2 decoder self- and 2 cross-attention: CPU's flash kernel in float32)."""
+def test_the_time_by_category_adds_up_to_the_profiled_steps(dry) -> None:
+    """Ours and its variant are profiled over steps of their own: every category measured, the
+    loss (the fused projection) and the matrix products among them; the peers are not."""
     rows = {r.name: r for r in dry[0].rows}
-    assert rows["ours"].profile.sdpa == {"cpu-flash": 6}
+    for name in ("ours", "ours, rope"):
+        split = rows[name].categories
+        assert split["steps"] == 2 and set(split) == {*CATEGORIES, "steps"}
+        assert split["loss"] > 0 and split["matrix products"] > 0 and split["host gaps"] > 0
+        assert min(split[c] for c in CATEGORIES) >= 0
+    assert rows["torch.nn.Transformer"].categories is None
+    assert 0 < rows["ours"].padding < 0.5 and rows["torch.nn.Transformer"].padding is None
+
+
+@pytest.mark.slow
+def test_the_attention_backend_that_ran_is_named(dry) -> None:
+    """From the operators of a profiled step: the peer calls SDPA once per attention layer (2
+    encoder self-attention, 2 decoder self- and 2 cross-attention)."""
+    rows = {r.name: r for r in dry[0].rows}
     assert rows["ours"].profile.kernels > 100 and rows["ours"].profile.gpu_busy is None
     assert sum(rows["torch.nn.Transformer"].profile.sdpa.values()) == 6
     installed = importlib.util.find_spec("eole") is not None
@@ -148,15 +243,17 @@ def test_the_attention_backend_that_ran_is_named(dry) -> None:
     assert ("eole: not installed (pip install eole)" in dry[0].notes) != installed
 
 
-def test_ours_own_loss_is_the_peers_loss_on_the_same_batch() -> None:
-    """The bench gives ours its own training loss and the peers torch's cross entropy on full
-    logits: the same objective, so the two timings compare like with like."""
-    cfg = model_config("tiny", None, 0.0)
-    model = Transformer(cfg)
-    batch = make_batches(1, 1000, cfg.tgt_vocab_size, (10, 60), 1)[0]
-    n = int(batch[2].ne(PAD_ID).sum())
-    own = own_loss(model, model, 0.1)(batch, n)
-    torch.testing.assert_close(own, logits_loss(model, 0.1)(batch, n))
+def test_the_peers_loss_is_ours_on_the_same_batch(tmp_path) -> None:
+    """The peers train on torch's cross entropy over full logits, ours on its own fused loss:
+    the same objective, so the two timings compare like with like."""
+    ours = product(["model=tiny", "model.dropout=0", "trainer.precision=32-true"], tmp_path)
+    model = ours.module.eval()
+    data = ours.cfg.data
+    (batch,) = synthetic_batches(data, 1, ours.model_cfg.tgt_vocab_size, (10, 60), 0)
+    loss_sum, _, n = model._loss(batch, compiled=False)
+    peers = logits_loss(model.model, float(ours.cfg.loss.label_smoothing))
+    full = peers((batch.src, batch.tgt_in, batch.labels), batch.num_tgt_tokens)
+    torch.testing.assert_close(loss_sum / n, full)
 
 
 @pytest.mark.slow
@@ -172,19 +269,20 @@ def test_eole_model_has_our_sizes_and_interface() -> None:
     pytest.importorskip("eole", reason="eole is not installed (pip install eole)")
     from bench.common import EoleLogits
 
-    cfg = model_config("tiny", None, dropout=0.1)
+    cfg = product(["model=tiny", "model.src_vocab_size=100", "model.tgt_vocab_size=100"]).model_cfg
     eole, ours = EoleLogits(cfg), Transformer(cfg)
     count = sum(p.numel() for p in eole.parameters())
     assert abs(count - sum(p.numel() for p in ours.parameters())) / count < 0.02
-    batch = make_batches(1, 500, cfg.tgt_vocab_size, (10, 20), multiple=1)[0]
-    src, tgt_in, _ = batch
-    assert eole(src, tgt_in).shape == (*tgt_in.shape, cfg.tgt_vocab_size)
+    data = compose_cfg(["data.max_tokens=500"]).data
+    (batch,) = synthetic_batches(data, 1, cfg.tgt_vocab_size, (10, 20), 0)
+    assert eole(batch.src, batch.tgt_in).shape == (*batch.tgt_in.shape, cfg.tgt_vocab_size)
 
 
-def test_positions_too_times_ours_with_each_position_encoding() -> None:
-    result = main(["--dry-run", "--no-peers", "--positions-too", "rope,relative"])
-    systems = [row.name for row in result.rows]
-    assert systems == ["ours", "ours, positions=rope", "ours, positions=relative"]
-    built = bench_train.build_systems(model_config("tiny", 64, 0.0), [], positions_too=["rope"])
-    assert built["ours, positions=rope"].cfg.positions == "rope"
-    assert built["ours"].cfg.positions == "sinusoidal"
+def test_a_variant_is_ours_with_more_train_py_overrides() -> None:
+    args = bench_train.parse_args(["--preset", "base", "--set", "data.pad_to_multiple=8"])
+    base = bench_train.overrides(args, torch.device("cpu"))
+    assert base[:2] == ["model=base", "model.src_vocab_size=32000"]
+    assert "data.max_tokens=25000" in base and base[-1] == "data.pad_to_multiple=8"
+    variant = product([*base, "model.positions=rope"])
+    assert variant.model_cfg.positions == "rope" and variant.model_cfg.d_model == 512
+    assert variant.cfg.data.pad_to_multiple == 8
