@@ -312,6 +312,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--profile-steps", type=int, default=20,
         help="steps of ours (and each variant) profiled for the time by category",
     )  # fmt: skip
+    p.add_argument(
+        "--padding-only", action="store_true",
+        help="print each system's batches' padding (of its products' FLOPs) and stop: no step",
+    )  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch default)")
     p.add_argument("--seed", type=int, default=0)
@@ -534,6 +538,13 @@ def main(argv: Sequence[str] | None = None) -> Result:
         if key not in made:
             made[key] = make_batches(system, args, device)
         batches[name] = made[key]
+    if args.padding_only:
+        for name, system in systems.items():
+            share = padding_share(system.model_cfg, batches[name])
+            shapes = len({tuple(b.src.shape) for b in batches[name]})
+            print(f"{name}: {share:.1%} of the matrix products' FLOPs on padding "
+                  f"({len(batches[name])} batches, {shapes} shapes)")  # fmt: skip
+        return Result([], notes)
 
     peers = {} if args.no_peers else build_peers(cfg, notes, args.tgt_pad_mask_too)
     steps: dict[str, Callable[[Batch], Tensor]] = {}

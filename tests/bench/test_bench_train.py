@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 
 import lightning as L
 import numpy as np
@@ -286,3 +287,11 @@ def test_a_variant_is_ours_with_more_train_py_overrides() -> None:
     variant = product([*base, "model.positions=rope"])
     assert variant.model_cfg.positions == "rope" and variant.model_cfg.d_model == 512
     assert variant.cfg.data.pad_to_multiple == 8
+
+
+def test_padding_only_prints_each_systems_padding_and_runs_no_step(capsys) -> None:
+    result = main(["--dry-run", "--padding-only", "--variant", "buckets", "data.num_buckets=2"])
+    assert result.rows == [] and result.steps == []
+    out = capsys.readouterr().out.splitlines()
+    assert out[-2].startswith("ours: ") and out[-1].startswith("ours, buckets: ")
+    assert re.search(r"\(4 batches, [12] shapes\)$", out[-1])  # of the 2 buckets
