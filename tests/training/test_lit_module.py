@@ -1,9 +1,10 @@
-"""The Lightning module: compiled training equals eager, compiles once per shape bucket, its
-checkpoints load uncompiled, bad validation decoding options are named, and training waits for
-the device only where it logs."""
+"""The Lightning module: compiled training (whole, or a layer at a time) equals eager, compiles
+once per shape bucket, its checkpoints load uncompiled, bad validation decoding options are named,
+and training waits for the device only where it logs."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import traceback
@@ -19,6 +20,7 @@ from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils import _pytree as pytree
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from bench.count_kernels import cuda_code_paths
 from tests.tiny import compose_cfg, padded_batch, tiny_model_config, tiny_overrides
 from transformer.checkpoints import model_from_checkpoint
 from transformer.data.collate import Buckets, Collator
@@ -74,6 +76,69 @@ def test_compiled_training_matches_eager_and_checkpoints_load_uncompiled(backend
     model = model_from_checkpoint(ckpt)  # strict load into a plain Transformer
     for name, value in model.state_dict().items():
         torch.testing.assert_close(value, state[f"model.{name}"], rtol=0, atol=0)
+
+
+@pytest.mark.slow
+def test_layers_compiled_one_by_one_train_as_eager_and_validate_uncompiled():
+    """compile=layers on batches of changing shapes, on CUDA's code paths under bf16 autocast as
+    on a GPU (aot_eager traces the graphs inductor would compile): the eager losses and
+    gradients; a graph for the encoder's layers and one for the decoder's, each compiled again at
+    most once (when a mask's padded rows first change length: from then on dynamic), no graph
+    break, no recompile for later shapes; after a step the layers run their own forward again
+    (validation and decoding are never compiled)."""
+    torch._dynamo.reset()
+    torch._dynamo.utils.counters.clear()
+    cfg = tiny_model_config(20, dropout=0.0)  # 2+2 layers
+    eager = TranslationModule(cfg)
+    layered = TranslationModule(cfg, compile_model="layers", compile_backend="aot_eager")
+    layered.load_state_dict(eager.state_dict())
+    shapes = [[(5, 2), (3, 9)], [(4, 4), (6, 3), (2, 5)], [(9, 10), (3, 3)], [(20, 17), (12, 30)]]
+    for i, lengths in enumerate(shapes):
+        batch = padded_batch(lengths, seed=i)
+        grads = []
+        for module in (eager, layered):
+            module.zero_grad(set_to_none=True)
+            recompile = torch._dynamo.config.patch(error_on_recompile=i == len(shapes) - 1)
+            with recompile, cuda_code_paths(), torch.autocast("cpu", dtype=torch.bfloat16):
+                loss, nll, n = module._loss(batch)
+            (loss / n).backward()
+            grads.append([loss, nll, *(p.grad for p in module.parameters())])
+        for got, want in zip(*grads[::-1], strict=True):
+            torch.testing.assert_close(got, want, rtol=1e-2, atol=1e-3)
+    counters = torch._dynamo.utils.counters
+    graphs = counters["stats"]["unique_graphs"]
+    assert 2 <= graphs <= 4 and not counters["graph_break"], (graphs, counters["graph_break"])
+    layer = layered.model.encoder.layers[0]
+    assert "forward" not in vars(layer)  # the class's forward, outside a training step
+    with torch._dynamo.config.patch(error_on_recompile=True), torch.no_grad():
+        layered._loss(padded_batch([(4, 6)]), compiled=False)  # a validation step: eager
+    assert counters["stats"]["unique_graphs"] == graphs
+
+
+CUDA_FIELDS = ("src", "tgt_in", "labels", "src_pad_mask")
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_layers_compiled_by_inductor_on_cuda_match_eager_in_bf16():
+    """compile=layers with inductor on CUDA (the residual adds, dropout and layer norms fused):
+    a bf16 step's loss and gradients equal the eager step's within bf16 rounding (dropout off:
+    the compiled masks come from another generator)."""
+    torch._dynamo.reset()
+    cfg = tiny_model_config(64, dropout=0.0, d_model=128, d_ff=256)
+    eager = TranslationModule(cfg).cuda()
+    layered = TranslationModule(cfg, compile_model="layers").cuda()
+    layered.load_state_dict(eager.state_dict())
+    batch = padded_batch([(9, 7), (12, 14), (5, 11)], vocab=64)
+    batch = dataclasses.replace(batch, **{f: getattr(batch, f).cuda() for f in CUDA_FIELDS})
+    results = []
+    for module in (eager, layered):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss, nll, n = module._loss(batch)
+        (loss / n).backward()
+        results.append([loss, *(p.grad for p in module.parameters())])
+    for got, want in zip(results[1], results[0], strict=True):
+        assert (got - want).norm() / want.norm().clamp(min=1e-6) < 2e-2
 
 
 @pytest.mark.parametrize(

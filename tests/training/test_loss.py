@@ -1,6 +1,7 @@
 """The fused projection + label-smoothed loss against torch's cross entropy on full logits: the
 loss function alone (float32, bf16 autocast on CPU and CUDA) and the Lightning module's loss; the
-fused R-Drop loss against cross entropy and KL divergence on full logits, and by hand."""
+fused R-Drop loss against cross entropy and KL divergence on full logits, and by hand; each
+loss.kernel (the compiled chunks traced on CPU, every kernel on CUDA) and where each may run."""
 
 from __future__ import annotations
 
@@ -12,6 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from tests.tiny import compose_cfg, logged, padded_batch, tiny_model_config, tiny_overrides
 from transformer.training import TranslationModule, train
@@ -226,3 +228,110 @@ def test_training_with_rdrop_learns(corpus, tmp_path):
         falls[alpha] = losses[0] - losses[-1]
     assert all(b < a for a, b in itertools.pairwise(losses)), losses
     assert falls[5] > 0.5 * falls[0] > 0, falls
+
+
+def with_kernel(kernel: str):
+    def loss(hidden, weight, labels, epsilon):
+        return label_smoothed_loss(hidden, weight, labels, epsilon, PAD, kernel=kernel)
+
+    return loss
+
+
+def test_auto_runs_the_chunked_loss_on_cpu_and_compiles_nothing():
+    """A CPU training step with the default loss.kernel (auto) runs this module's chunked loss,
+    eagerly: the same operators, and no graph compiled."""
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    module = TranslationModule(tiny_model_config(20, dropout=0.0), label_smoothing=0.1)
+    assert module.loss_kernel == "chunked"
+    batch = padded_batch([(5, 2), (3, 9), (8, 4)])
+    with Operators() as step:
+        module._loss(batch)
+    hidden = module.model(batch.src, batch.tgt_in, batch.src_pad_mask, return_hidden=True)
+    with Operators() as chunked:
+        weight = module.model.output.weight
+        label_smoothed_loss(hidden, weight, batch.labels, 0.1, PAD, batch.num_tgt_tokens)
+    assert step.names[-len(chunked.names) :] == chunked.names
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == graphs
+
+
+class Operators(TorchDispatchMode):
+    def __init__(self) -> None:
+        super().__init__()
+        self.names: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(str(func))
+        return func(*args, **(kwargs or {}))
+
+
+@pytest.mark.parametrize("epsilon", [0.0, 0.1])
+def test_compiled_chunks_equal_cross_entropy_on_full_logits(monkeypatch, epsilon):
+    """loss.kernel=compiled: the chunks' log-softmax, loss and gradient traced by torch.compile
+    (here its aot_eager backend, which runs the traced graphs eagerly: on CUDA inductor turns the
+    same graphs into kernels) give the reference loss and gradients, chunks of two lengths
+    sharing one graph."""
+    torch._dynamo.reset()
+    before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    traced = torch.compile(loss_module._chunk_terms, dynamic=True, backend="aot_eager")
+    monkeypatch.setattr(loss_module, "_compiled_terms", lambda: traced)
+    monkeypatch.setitem(loss_module.CHUNK_ELEMENTS, "cpu", 150)  # 3 rows a chunk; 14 labels
+    args = (*inputs(), epsilon)
+    got, got_grads = loss_and_grads(with_kernel("compiled"), *args)
+    want, want_grads = loss_and_grads(reference, *args)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+    for g, w in zip(got_grads, want_grads, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-5, atol=1e-6)
+    graphs = torch._dynamo.utils.counters["stats"]["unique_graphs"] - before
+    assert graphs == 1, graphs  # one graph for the chunks of 3 rows and of 2
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("kernel", ["chunked", "compiled", "liger"])
+def test_cuda_kernels_equal_float32_cross_entropy_in_bf16(kernel):
+    """Each loss.kernel on CUDA under bf16 autocast, against cross entropy on full float32
+    logits (CPU): the loss, NLL (liger gives none), label count and gradients within bf16
+    rounding, at a 6k vocabulary with padding and label smoothing."""
+    if kernel == "liger":
+        pytest.importorskip("liger_kernel", reason='Liger-Kernel: pip install -e ".[gpu]"')
+    g = torch.Generator().manual_seed(7)
+    hidden = torch.randn(8, 40, 64, generator=g)
+    weight = torch.randn(6000, 64, generator=g) / 8
+    labels = torch.randint(1, 6000, (8, 40), generator=g)
+    labels[:, 30:] = PAD
+    want, want_grads = loss_and_grads(reference, hidden, weight, labels, 0.1)
+
+    def fused(*args):
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            return label_smoothed_loss(*args, PAD, kernel=kernel)
+
+    on_gpu = (t.cuda() for t in (hidden, weight, labels))
+    (loss, nll, n), grads = loss_and_grads(fused, *on_gpu, 0.1)
+    assert int(n) == 240 and loss.dtype == torch.float32
+    torch.testing.assert_close(loss.cpu(), want[0], rtol=1e-2, atol=0.5)
+    if kernel == "liger":
+        assert nll is None
+    else:
+        torch.testing.assert_close(nll.cpu(), want[1], rtol=1e-2, atol=0.5)
+    for got, w in zip(grads, want_grads, strict=True):
+        assert got.dtype == torch.float32  # the parameters' dtype
+        assert (got.cpu() - w).norm() / w.norm() < 2e-2
+
+
+def test_fused_kernels_are_refused_where_they_cannot_run(monkeypatch):
+    from transformer.errors import ConfigError
+    from transformer.training.config_checks import groups, validate_config
+
+    cpu = compose_cfg(["trainer.accelerator=cpu", "loss.kernel=liger"])
+    with pytest.raises(ConfigError, match=r"loss\.kernel=liger runs Liger-Kernel's Triton kernel"):
+        validate_config(cpu)
+    validate_config(compose_cfg(["trainer.accelerator=cpu", "loss.kernel=compiled"]))
+    rdrop = compose_cfg(["loss.kernel=compiled", "loss.rdrop_alpha=5"])
+    with pytest.raises(ConfigError, match=r"runs the chunked loss, not loss\.kernel=compiled"):
+        validate_config(rdrop)
+    monkeypatch.setattr(groups, "on_gpu", lambda trainer: True)
+    monkeypatch.setattr(groups.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ConfigError, match=r'needs Liger-Kernel: pip install -e "\.\[gpu\]"'):
+        validate_config(compose_cfg(["loss.kernel=liger"]))
+    with pytest.raises(ValueError, match="R-Drop runs the chunked loss"):
+        TranslationModule(tiny_model_config(20), rdrop_alpha=5.0, loss_kernel="compiled")

@@ -6,7 +6,8 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from typing import Any
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -23,10 +24,15 @@ from transformer.decoding.options import validation_decoding
 from transformer.model import Transformer
 from transformer.precision import AutocastWeights
 from transformer.training.loggers import host_scalar, logs_after
-from transformer.training.loss import check_label_smoothing, label_smoothed_loss, rdrop_loss
+from transformer.training.loss import (
+    LOSS_KERNELS,
+    check_label_smoothing,
+    label_smoothed_loss,
+    rdrop_loss,
+)
 from transformer.training.nonfinite import NonFiniteSteps
 from transformer.training.optim import clip_gradients, configure_optimizers, gradient_norm
-from transformer.training.step import compiled_hidden_states, hidden_states
+from transformer.training.step import CompiledLayers, compiled_hidden_states, hidden_states
 from transformer.training.validation_bleu import bleu_metrics, score_directions, translate_batch
 
 log = logging.getLogger(__name__)
@@ -47,6 +53,10 @@ class TranslationModule(L.LightningModule):
             batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
             passes' symmetric KL divergence (:func:`transformer.training.loss.rdrop_loss`);
             validation runs once.
+        loss_kernel: the training steps' loss (:data:`transformer.training.loss.LOSS_KERNELS`):
+            ``auto`` (the fastest measured; today ``chunked`` everywhere), ``chunked``,
+            ``compiled`` or on CUDA ``liger`` (no NLL: ``train/ppl`` is not logged). Validation
+            and R-Drop run the chunked loss.
         decoding: validation decoding, :class:`transformer.decoding.DecodeOptions` fields
             (``strategy``: ``greedy`` unless given, or ``beam``; ``beam_size``, ``len_penalty``,
             ``max_len_a``, ...); missing ones take its defaults, invalid ones raise ValueError.
@@ -54,9 +64,11 @@ class TranslationModule(L.LightningModule):
         max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
             counted; this many in a row stop training with :class:`NonFiniteLoss`.
         compile_model: ``torch.compile`` the model's teacher-forced forward pass in training
-            steps (:func:`transformer.training.step.compile_options`). Validation, decoding and
-            attention capture run the model as it is: the training graphs are never recompiled
-            for them. The weights keep their names, so checkpoints load into an uncompiled model.
+            steps: ``True`` the whole of it (:func:`transformer.training.step.compile_options`),
+            ``"layers"`` each layer on its own (:class:`transformer.training.step.CompiledLayers`).
+            Validation, decoding and attention capture run the model as it is: the training
+            graphs are never recompiled for them. The weights keep their names, so checkpoints
+            load into an uncompiled model.
         compile_backend: ``torch.compile``'s backend: ``inductor`` generates kernels;
             ``aot_eager`` traces the same forward and backward graphs and runs them eagerly.
         shape_buckets: how many shapes training batches are padded to (``data.num_buckets``;
@@ -70,10 +82,11 @@ class TranslationModule(L.LightningModule):
         scheduler: Callable[..., Any] | None = None,
         label_smoothing: float = 0.1,
         rdrop_alpha: float = 0.0,
+        loss_kernel: Literal["auto", "chunked", "compiled", "liger"] = "auto",
         decoding: dict[str, Any] | None = None,
         val_bleu_sentences: int | None = None,
         max_bad_steps: int = 10,
-        compile_model: bool = False,
+        compile_model: bool | Literal["layers"] = False,
         compile_backend: str = "inductor",
         shape_buckets: int = 0,
     ) -> None:
@@ -85,14 +98,21 @@ class TranslationModule(L.LightningModule):
         self.shape_buckets = shape_buckets
         # Made at the first step, on the device (transformer.training.step.compiled_hidden_states)
         self._compiled: Callable[..., Tensor] | None = None
-        # Eager steps under autocast cast the linear weights in one go (FSDP's own are left as
-        # they are: setup); compiled ones leave autocast's casts to the compiler, which fuses them.
+        self._layers: CompiledLayers | None = None  # compile=layers: made at the first step
+        # Eager steps (and compile=layers ones) under autocast cast the linear weights in one go
+        # (FSDP's own are left as they are: setup); compile=true leaves autocast's casts to the
+        # compiler, which fuses them.
         self._autocast_weights: AutocastWeights | None = AutocastWeights(self.model)
         self.optimizer_factory, self.scheduler_factory = optimizer, scheduler
         self.label_smoothing = check_label_smoothing(label_smoothing)
         if rdrop_alpha < 0:
             raise ValueError(f"rdrop_alpha must be >= 0, got {rdrop_alpha}")
         self.rdrop_alpha = rdrop_alpha
+        if loss_kernel not in LOSS_KERNELS:
+            raise ValueError(f"loss_kernel must be one of {LOSS_KERNELS}, got {loss_kernel!r}")
+        if rdrop_alpha > 0 and loss_kernel in ("compiled", "liger"):
+            raise ValueError(f"R-Drop runs the chunked loss, not loss_kernel={loss_kernel!r}")
+        self.loss_kernel = "chunked" if loss_kernel == "auto" else loss_kernel
         self.decoding = validation_decoding(decoding)
         self.val_bleu_sentences = val_bleu_sentences
         self.nonfinite = NonFiniteSteps(max_bad_steps)
@@ -106,6 +126,14 @@ class TranslationModule(L.LightningModule):
     def forward(self, src: Tensor, tgt_in: Tensor, src_pad_mask: Tensor | None = None) -> Tensor:
         return self.model(src, tgt_in, src_pad_mask)
 
+    def _compiled_layers(self) -> AbstractContextManager:
+        """compile=layers: the layers compiled one by one for this step; else nothing."""
+        if self.compile_model != "layers":
+            return nullcontext()
+        if self._layers is None:
+            self._layers = CompiledLayers(self.model, self.compile_backend)
+        return self._layers()
+
     def _compiled_step(self, device: torch.device) -> Callable[..., Tensor]:
         if self._compiled is None:
             backend, buckets = self.compile_backend, self.shape_buckets
@@ -114,21 +142,24 @@ class TranslationModule(L.LightningModule):
 
     def _loss(
         self, batch, rdrop: bool = False, compiled: bool = True
-    ) -> tuple[Tensor, Tensor, Tensor]:
+    ) -> tuple[Tensor, Tensor | None, Tensor]:
         """Loss sum, NLL sum and count over the N non-pad labels; the output projection runs on
         those positions only, in chunks fused with the loss (never (B, T, V) logits). ``rdrop``:
-        R-Drop's loss of two passes, run as one over the batch doubled. ``compiled``: run the
-        compiled forward where ``compile_model`` asks for it (training steps)."""
+        R-Drop's loss of two passes, run as one over the batch doubled. ``compiled``: a training
+        step's, with the compiled forward where ``compile_model`` asks for it and the loss of
+        ``loss_kernel`` (the NLL None with ``liger``); else eager and chunked."""
         src, tgt_in, src_pad_mask = batch.src, batch.tgt_in, batch.src_pad_mask
         if rdrop:
             src, tgt_in, src_pad_mask = (torch.cat([t, t]) for t in (src, tgt_in, src_pad_mask))
         weights = {}
-        if compiled and self.compile_model:
+        if compiled and self.compile_model is True:
             forward = self._compiled_step(src.device)
             hidden = forward(self.model, src, tgt_in, src_pad_mask)  # (B or 2B, T, D)
         else:
             weights = self._autocast_weights() if self._autocast_weights is not None else {}
-            hidden = hidden_states(self.model, src, tgt_in, src_pad_mask, weights)
+            layers = self._compiled_layers() if compiled else nullcontext()
+            with layers:  # compile=layers: each layer's own graph
+                hidden = hidden_states(self.model, src, tgt_in, src_pad_mask, weights)
         weight = weights.get("output.weight", self.model.output.weight)  # (V, D)
         eps, pad = self.label_smoothing, self.cfg.pad_id
         # The collator counted the non-pad labels on the host: a static size, no device sync.
@@ -137,7 +168,10 @@ class TranslationModule(L.LightningModule):
             return rdrop_loss(
                 hidden, weight, batch.labels, eps, self.rdrop_alpha, pad, batch.num_tgt_tokens
             )
-        return label_smoothed_loss(hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens)
+        kernel = self.loss_kernel if compiled else "chunked"
+        return label_smoothed_loss(
+            hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens, kernel
+        )
 
     def setup(self, stage: str) -> None:
         if isinstance(self.trainer.strategy, FSDPStrategy):  # FSDP holds sharded parameters
@@ -167,7 +201,8 @@ class TranslationModule(L.LightningModule):
         # Not prog_bar: Lightning turns progress-bar values into numbers after every batch, a
         # device sync a step; the bar (TrainingProgressBar) reads the loss at logging steps.
         self.log("train/loss", loss, batch_size=bsz)
-        self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
+        if nll_sum is not None:  # (loss.kernel=liger gives none)
+            self.log("train/ppl", (nll_sum.detach() / ntok).clamp(max=50.0).exp(), batch_size=bsz)
         lr = host_scalar(self.optimizers().param_groups[0]["lr"])
         self.log("lr", lr, prog_bar=True, batch_size=bsz)
         if self._last_batch_time is not None:

@@ -9,9 +9,20 @@ training step: BENCHMARKS.md, "The loss fused with the output projection, and 16
 masks". R-Drop (:func:`rdrop_loss`) is fused the same way: both passes' logits of a chunk, never
 the batch's. On CPU the products with the projection matrix run through oneDNN in float32
 (:func:`transformer.linear.linear`).
+
+Two fused kernels may take a chunk's elementwise work instead (``loss.kernel``,
+:data:`LOSS_KERNELS`): ``compiled``, the same chunk's log-softmax, loss and gradient compiled by
+``torch.compile`` (on CUDA a few Triton kernels that read the bf16 logits and write the bf16
+gradient, with no float32 (chunk, vocabulary) tensor between); and on CUDA ``liger``,
+Liger-Kernel's fused linear cross entropy (its own chunks and Triton kernel; it gives no NLL and
+counts the labels on the host, a device sync a step). Both are for the label-smoothed loss of
+training steps; R-Drop and validation run the chunked loss.
 """
 
 from __future__ import annotations
+
+import functools
+from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
@@ -22,6 +33,11 @@ from transformer.linear import linear
 # Logit entries per chunk: 16 MB of float32 logits on CPU (cache-sized work); on GPUs 256 MB, so
 # that a 32k vocabulary still makes chunks of 2k tokens (a few kernel launches per 2k tokens).
 CHUNK_ELEMENTS = {"cpu": 1 << 22, "cuda": 1 << 26}
+
+# loss.kernel: auto = the fastest measured on the device (today the chunked loss on CPU and CUDA
+# alike: the GPU check's step stage compares them); chunked: the loop of this module, eagerly;
+# compiled and liger: fused on CUDA (the module docstring)
+LOSS_KERNELS = ("auto", "chunked", "compiled", "liger")
 
 
 def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
@@ -97,22 +113,20 @@ class _ProjectedLoss(torch.autograd.Function):
         weight: Tensor,
         labels: Tensor,
         epsilon: float,
+        compiled: bool,
         rows: int,
         want_grad: bool,
     ):
         n, vocab = hidden.size(0), weight.size(0)
         loss, nll, grad_hidden, grad_weight = _sums_and_gradients(hidden, weight, want_grad)
+        terms = _compiled_terms() if compiled else _chunk_terms
         for start in range(0, n, rows):
             h = hidden[start : start + rows]  # (C, D)
             y = labels[start : start + rows, None]  # (C, 1)
-            lprobs = F.log_softmax(linear(h, weight), dim=-1, dtype=torch.float32)  # (C, V)
-            token_nll = -lprobs.gather(1, y)  # (C, 1)
-            loss += (1.0 - epsilon) * token_nll.sum() - epsilon * lprobs.mean(-1).sum()
-            nll += token_nll.sum()
-            if want_grad:  # d loss / d logits = softmax - ((1 - eps) one-hot + eps / V)
-                g = lprobs.exp_().sub_(epsilon / vocab)
-                g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))
-                g = g.to(hidden.dtype)
+            chunk_loss, chunk_nll, g = terms(linear(h, weight), y, epsilon, vocab, want_grad)
+            loss += chunk_loss
+            nll += chunk_nll
+            if want_grad:
                 grad_hidden[start : start + rows] = linear(g, weight.t())  # (C, D)
                 grad_weight += g.T @ h  # (V, D), summed over chunks in float32
         _keep_for_backward(ctx, grad_hidden, grad_weight, weight, nll)
@@ -120,7 +134,41 @@ class _ProjectedLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        return *_saved_gradients(ctx, grad_loss), None, None, None, None
+        return *_saved_gradients(ctx, grad_loss), None, None, None, None, None
+
+
+def _chunk_terms(
+    logits: Tensor, y: Tensor, epsilon: float, vocab: int, want_grad: bool
+) -> tuple[Tensor, Tensor, Tensor | None]:
+    """A chunk's summed smoothed loss and summed NLL (float32), and when gradients are wanted the
+    loss's gradient with respect to its logits (C, V), in the logits' dtype: softmax minus
+    ``(1 - eps) one-hot + eps / V``. logits (C, V), y (C, 1)."""
+    lprobs = F.log_softmax(logits, dim=-1, dtype=torch.float32)  # (C, V)
+    token_nll = -lprobs.gather(1, y)  # (C, 1)
+    loss = (1.0 - epsilon) * token_nll.sum() - epsilon * lprobs.mean(-1).sum()
+    if not want_grad:
+        return loss, token_nll.sum(), None
+    g = lprobs.exp_().sub_(epsilon / vocab)
+    g.scatter_add_(1, y, g.new_full(y.shape, epsilon - 1.0))
+    return loss, token_nll.sum(), g.to(logits.dtype)
+
+
+@functools.cache
+def _compiled_terms() -> Callable[..., tuple[Tensor, Tensor, Tensor | None]]:
+    """:func:`_chunk_terms` compiled (``loss.kernel=compiled``): one graph for chunks of every
+    length, the constants (epsilon, the vocabulary) specialised."""
+    return torch.compile(_chunk_terms, dynamic=True)
+
+
+def _liger_loss(hidden: Tensor, weight: Tensor, labels: Tensor, epsilon: float) -> Tensor:
+    """Liger-Kernel's fused linear cross entropy (``loss.kernel=liger``): the summed smoothed
+    loss over hidden (N, D) @ weight (V, D).T and labels (N,), the gradients in float32 sums."""
+    from liger_kernel.transformers.functional import liger_fused_linear_cross_entropy
+
+    return liger_fused_linear_cross_entropy(
+        hidden, weight, labels, label_smoothing=epsilon, reduction="sum",
+        accum_dtype=torch.float32,
+    )  # fmt: skip
 
 
 def _non_pad(
@@ -148,7 +196,8 @@ def label_smoothed_loss(
     epsilon: float,
     pad_id: int,
     num_labels: int | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
+    kernel: str = "chunked",
+) -> tuple[Tensor, Tensor | None, Tensor]:
     """Summed label-smoothed cross entropy and summed NLL over the non-pad labels, and their count.
 
     hidden (..., D) decoder states, weight (V, D) the output projection, labels (...): the loss of
@@ -157,10 +206,18 @@ def label_smoothed_loss(
     perplexity; log-probabilities in float32 whatever the states' dtype. Under autocast the
     projection runs in the autocast dtype. Only non-pad positions are projected. ``num_labels``,
     the number of non-pad labels if the caller knows it on the host, spares a device sync. The
-    count stays a tensor: reading it would wait for the device.
+    count stays a tensor: reading it would wait for the device. ``kernel``: ``chunked`` (this
+    module's loop), ``compiled`` or ``liger`` (CUDA; the module docstring); with ``liger`` the
+    NLL is None.
     """
     hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=0)
-    loss, nll = _apply_in_chunks(_ProjectedLoss, hidden, weight, labels, epsilon, num_passes=1)
+    if kernel == "liger":
+        with torch.autocast(hidden.device.type, enabled=False):
+            return _liger_loss(hidden, weight, labels, epsilon), None, keep.sum()
+    compiled = kernel == "compiled"
+    loss, nll = _apply_in_chunks(
+        _ProjectedLoss, hidden, weight, labels, epsilon, compiled, num_passes=1
+    )
     return loss, nll, keep.sum()
 
 

@@ -159,6 +159,7 @@ def build_module(cfg: DictConfig, model_cfg: TransformerConfig) -> TranslationMo
         scheduler=instantiate(cfg.optim.scheduler) if cfg.optim.get("scheduler") else None,
         label_smoothing=float(cfg.loss.label_smoothing),
         rdrop_alpha=float(cfg.loss.rdrop_alpha),
+        loss_kernel=cfg.loss.get("kernel", "auto"),
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
         max_bad_steps=int(cfg.loss.max_bad_steps),

@@ -1,8 +1,10 @@
-"""The teacher-forced forward pass of a training step, and how ``torch.compile`` compiles it."""
+"""The teacher-forced forward pass of a training step, and how ``torch.compile`` compiles it:
+whole (``compile=true``) or a layer at a time (``compile=layers``)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import torch
@@ -47,3 +49,28 @@ def compiled_hidden_states(backend: str, buckets: int, device_type: str) -> Call
     dynamo = torch._dynamo.config  # its default allows 8 graphs a function
     dynamo.recompile_limit = max(dynamo.recompile_limit, buckets)
     return torch.compile(hidden_states, **options)
+
+
+class CompiledLayers:
+    """Regional compilation (``compile=layers``): each encoder and decoder layer's forward
+    compiled on its own, with dynamic shapes, the layers of a stack sharing one graph (their code
+    is the same; their weights are the graph's inputs). Inside a layer the compiler fuses what
+    lies between its matrix products and attention: the residual adds, dropout and the next
+    layer norm, the activation. Entered for a training step only (:meth:`__call__`): validation,
+    decoding and attention capture run the layers as they are."""
+
+    def __init__(self, model: Transformer, backend: str) -> None:
+        layers = [*model.encoder.layers, *model.decoder.layers]
+        self.forwards = {
+            layer: torch.compile(layer.forward, backend=backend, dynamic=True) for layer in layers
+        }
+
+    @contextmanager
+    def __call__(self) -> Iterator[None]:
+        for layer, forward in self.forwards.items():
+            layer.forward = forward
+        try:
+            yield
+        finally:
+            for layer in self.forwards:
+                del layer.forward  # the class's again

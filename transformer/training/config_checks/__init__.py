@@ -39,7 +39,7 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     model_cfg = model_config(cfg)
     check_data(cfg.data, model_cfg)
     check_optim(cfg.optim, cfg.trainer)
-    check_loss(cfg.loss)
+    check_loss(cfg.loss, cfg.trainer)
     check_validation(cfg.validation, cfg.get("callbacks"))
     check_ema(cfg.get("ema"), cfg.trainer)
     check_kernels(cfg)

@@ -8,6 +8,7 @@ options, the checkpoint)."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
 import re
 import zipfile
 from dataclasses import fields
@@ -25,6 +26,7 @@ from transformer.decoding.options import validation_decoding
 from transformer.errors import ConfigError
 from transformer.training.loss import check_label_smoothing
 from transformer.training.optim import takes_progress
+from transformer.training.trainer import on_gpu
 
 PRECISIONS = ("auto", "32-true", "32", "bf16-mixed", "16-mixed", "bf16-true", "16-true", "64-true")
 REQUIRED = ("data", "model", "optim", "trainer")
@@ -109,11 +111,28 @@ def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
         )
 
 
-def check_loss(loss: DictConfig) -> None:
+def check_loss(loss: DictConfig, trainer: DictConfig) -> None:
     """R-Drop's weight, the NaN streak that stops training, the label smoothing (the loss's own
-    check, :func:`transformer.training.loss.check_label_smoothing`)."""
+    check, :func:`transformer.training.loss.check_label_smoothing`), and a fused loss kernel
+    where it can run."""
     if float(loss.rdrop_alpha) < 0:
         raise ConfigError(f"loss.rdrop_alpha must be >= 0 (0 = off), got {loss.rdrop_alpha}")
+    kernel = loss.get("kernel", "auto")
+    if kernel in ("compiled", "liger") and float(loss.rdrop_alpha) > 0:
+        raise ConfigError(
+            f"loss.rdrop_alpha={loss.rdrop_alpha} runs the chunked loss, not loss.kernel={kernel}; "
+            "set loss.kernel=chunked (or auto) for R-Drop"
+        )
+    if kernel == "liger" and not on_gpu(trainer):
+        raise ConfigError(
+            "loss.kernel=liger runs Liger-Kernel's Triton kernel on a CUDA GPU, and this run has "
+            "none; on a CPU leave loss.kernel=auto (the chunked loss)"
+        )
+    if kernel == "liger" and importlib.util.find_spec("liger_kernel") is None:
+        raise ConfigError(
+            'loss.kernel=liger needs Liger-Kernel: pip install -e ".[gpu]" (or pip install '
+            "liger-kernel)"
+        )
     if int(loss.max_bad_steps) < 1:
         raise ConfigError(f"loss.max_bad_steps must be >= 1, got {loss.max_bad_steps}")
     try:

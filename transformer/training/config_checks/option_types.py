@@ -25,6 +25,7 @@ OWNED_OPTIONS: dict[str, tuple[Any, str] | Any] = {
     "loss.label_smoothing": (TranslationModule, "label_smoothing"),
     "loss.rdrop_alpha": (TranslationModule, "rdrop_alpha"),
     "loss.max_bad_steps": (TranslationModule, "max_bad_steps"),
+    "loss.kernel": (TranslationModule, "loss_kernel"),
     "validation.bleu_sentences": (TranslationModule, "val_bleu_sentences"),
     "compile": (TranslationModule, "compile_model"),
     "compile_backend": (TranslationModule, "compile_backend"),
