@@ -262,7 +262,7 @@ def cmd_note(args: argparse.Namespace) -> None:
     if args.kind == "train":
         row = _table_row(log, "ours")
         if row:  # system, parameters, tokens/s, step ms, TFLOP/s, MFU, memory, SDPA, ratio
-            peers = r"torch\.nn\.Transformer|MarianMTModel|ours, compiled"
+            peers = r"torch\.nn\.Transformer|MarianMTModel|ours, [^|]+?"
             others = re.findall(rf"^\| ({peers}) \|.*\| (\S+x) \|$", log, re.M)
             ratios = "".join(f"; {r} vs {n.split('.')[-1]}" for n, r in others)
             note = f"ours {row[2]} tok/s, MFU {row[5]}, {row[6]}, SDPA {row[7]}{ratios}"
@@ -417,6 +417,18 @@ def bench_tables(runs: dict[str, Any]) -> list[str]:
     return [*lines, "", heading, "", *split, "", *notes]
 
 
+def _step_tables(out: Path) -> list[str]:
+    path = out / "step_runs.json"
+    if not path.is_file():
+        return ["(no step_runs.json: no bench_train run finished)"]
+    tests = out / "step_tests.log"
+    log = tests.read_text(errors="replace") if tests.is_file() else ""
+    ended = r"^.*(?:passed|failed|error|collected|no tests ran).* in [\d.]+s.*$"
+    results = "; ".join(re.findall(ended, log, re.M)) or "no result"
+    tables = bench_tables(json.loads(path.read_text()))
+    return [*tables, "", f"CUDA tests of the options (`pytest -m cuda`): {results}"]
+
+
 def _pace_tables(out: Path) -> list[str]:
     path = out / "recipe_pace.json"
     if not path.is_file():
@@ -491,6 +503,7 @@ REPORTS = {
         "Decoding (bench_decode, bench_attention)",
         lambda out: _command_tables(out / "decode.txt"),
     ),
+    "step": ("The product's training step", _step_tables),
     "recipe": ("The GPU recipe", _recipe_tables),
 }
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks to run when a GPU is lent (BENCHMARKS.md, "GPU check: what to run when a GPU is lent").
 #
-#   dev/gpu_check.sh 1|2|3|recipe|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
+#   dev/gpu_check.sh 1|2|3|step|recipe|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
 #
 #   1  training speed: bench_train at the recipe's size, transformer-base and transformer-big,
 #      ours against torch.nn.Transformer and MarianMTModel on Multi30k batches, then ours
@@ -15,6 +15,13 @@
 #      (bench_validation: loss, decoding at both budgets, BLEU, maps; validation.txt)
 #   3  decoding and tests: bench_decode as evaluate.py batches test_2016_flickr, bench_attention
 #      (decode.txt); the CUDA and GPU-relevant tests (tests.log, tests.xml)
+#   step  the product's own training step, measured (bench_train: ours as train.py builds it):
+#      transformer-base against torch.nn.Transformer and MarianMTModel with the loss kernels
+#      (compiled, liger when its wheel is installed) and compile=layers; the recipe's size with
+#      compile=layers and CUDA graphs (compile=true, 8 shape buckets); transformer-big; base
+#      compiled and with CUDA graphs (4 buckets); each system's time by category and padding
+#      (step_bench.txt, step_runs.json); then the CUDA tests of those options (step_tests.log).
+#      Under 9 minutes, so that a 15-minute GPU lease can run it twice
 #   recipe  the Multi30k GPU recipe to its end, stopped (SIGTERM: last.ckpt written) so that the
 #      command ends in time; run again at once (the machine still warm) it resumes from
 #      last.ckpt; then the average of the last 10 epochs, beam 5, on the three test sets
@@ -46,7 +53,7 @@ BUDGET=540
 DATA_ARG=""
 while (($#)); do
   case "$1" in
-    1 | 2 | 3 | recipe | all) STAGE=$1 ;;
+    1 | 2 | 3 | step | recipe | all) STAGE=$1 ;;
     --dry-run) DRY=1 ;;
     --out) OUT_DIR=${2:?--out needs a directory}; shift ;;
     --budget) BUDGET=${2:?--budget needs seconds}; shift ;;
@@ -56,7 +63,7 @@ while (($#)); do
   esac
   shift
 done
-[[ -n $STAGE ]] || { echo "gpu_check.sh: name a stage: 1, 2, 3, recipe or all" >&2; usage 2 >&2; }
+[[ -n $STAGE ]] || { echo "gpu_check.sh: name a stage: 1, 2, 3, step, recipe or all" >&2; usage 2 >&2; }
 [[ $BUDGET =~ ^[0-9]+$ ]] || { echo "gpu_check.sh: --budget takes whole seconds" >&2; usage 2 >&2; }
 
 cd "$(dirname "$0")/.."
@@ -447,6 +454,65 @@ bench_note() {
 }
 
 # ---------------------------------------------------------------------------------------------
+# Stage step: the product's own training step, and the options that may speed it up.
+
+stage_step() {
+  local bench=$OUT_DIR/step_bench.txt tests=$OUT_DIR/step_tests.log
+  : >"$bench"
+  : >"$tests"
+  begin_stage
+  # bench_train (bench/bench_train.py) times ours as train.py builds it, on Multi30k batches as
+  # the product makes them: a warm pass over every shape, 30 timed batches a system, then 20
+  # steps of ours and of each variant (train.py overrides, each in a fit of its own) profiled by
+  # category. Run by run, most wanted first: a run that runs out of time costs itself alone.
+  local common=(--data "$DATA" --steps 30 --profile-steps 20)
+  local compile_env=()
+  if ((DRY)); then
+    common=(--dry-run --data "$DATA" --data-vocab "$DRY_VOCAB" --cache-dir "$TMP/cache")
+    compile_env=(env TORCHDYNAMO_DISABLE=1)
+  fi
+  # Liger-Kernel travels as a wheel (../shared/tools/device-wheels.sh liger-kernel==0.8.5) and
+  # needs Triton on CUDA: without them its loss is left out.
+  local liger=()
+  if ! ((DRY)) && "$PY" -c 'import liger_kernel.transformers.functional' >/dev/null 2>&1; then
+    liger=(--variant "liger loss" loss.kernel=liger)
+  else
+    record "liger-kernel" skip 0 "not importable here (or a dry run): loss.kernel=liger left out"
+  fi
+  local graphs8=(--variant "CUDA graphs" "compile=true data.num_buckets=8 data.pad_to_multiple=8")
+  local graphs4=(--variant "CUDA graphs" "compile=true data.num_buckets=4 data.pad_to_multiple=8")
+  local run preset limit extra merged=()
+  # GPU_CHECK_RUNS: a subset (e.g. "big base-graphs") to rerun the runs that failed.
+  for run in ${GPU_CHECK_RUNS:-base recipe big base-graphs}; do
+    case $run in
+      base) preset=base limit=160
+        extra=(--variant "compiled loss" loss.kernel=compiled "${liger[@]}"
+          --variant layers compile=layers) ;;
+      recipe) preset=recipe limit=130
+        extra=(--no-peers --variant layers compile=layers "${graphs8[@]}") ;;
+      big) preset=big limit=70 extra=() ;;
+      base-graphs) preset=base limit=100
+        extra=(--no-peers --variant compiled compile=true "${graphs4[@]}") ;;
+      *) record "bench_train $run" FAIL 0 "unknown run (base, recipe, big, base-graphs)"
+        continue ;;
+    esac
+    rm -f "$WORK/step_$run.json"
+    run_step "$limit" "$bench" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \
+      "${common[@]}" "${extra[@]}" --out "$WORK/step_$run.json"
+    record "bench_train $run" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
+    merged+=("$run=$WORK/step_$run.json")
+  done
+  "${HELP[@]}" merge-json "$OUT_DIR/step_runs.json" "${merged[@]}" >>"$bench" 2>&1 || true
+  # The CUDA tests of those options: each loss kernel against float32 cross entropy, the layers
+  # compiled by inductor against eager, the fused loss and the step on CUDA.
+  local pytest=(-q -ra -p no:cacheprovider -m cuda tests/training/test_loss.py
+    tests/training/test_lit_module.py tests/training/test_cuda_training.py)
+  ((DRY)) && pytest+=(--collect-only)
+  run_step 60 "$tests" "$PY" -m pytest "${pytest[@]}"
+  record "pytest step options" "$STATUS" "$LAST_SECONDS" "$(pytest_result "$tests")"
+}
+
+# ---------------------------------------------------------------------------------------------
 # Stage recipe: the Multi30k GPU recipe, resumable across calls, then its evaluation.
 
 EVAL_RESERVE=75   # three evaluate.py runs on the GPU (load, beam 5, score), with margin
@@ -575,7 +641,7 @@ finish() {
 }
 
 stages=("$STAGE")
-[[ $STAGE == all ]] && stages=(1 2 3 recipe)
+[[ $STAGE == all ]] && stages=(1 2 3 step recipe)
 : >"$OUT_DIR/results.md"
 for s in "${stages[@]}"; do
   CUR=$s
@@ -584,6 +650,7 @@ for s in "${stages[@]}"; do
     1) stage1 ;;
     2) stage2 ;;
     3) stage3 ;;
+    step) stage_step ;;
     recipe) stage_recipe ;;
   esac
   "${HELP[@]}" report "$s" "$OUT_DIR" --commit "$COMMIT" >/dev/null 2>>"$OUT_DIR/summary.txt" ||
