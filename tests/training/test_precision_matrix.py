@@ -1,12 +1,12 @@
 """Every precision and optimizer-step combination a GPU run can reach, trained on CPU.
 
 A GPU run picks bf16-mixed (16-mixed on GPUs without bf16), fused AdamW and gradient clipping by
-default, and users add gradient accumulation and ``compile=true``. Each combination below trains
-a few real steps of the tiny model through ``train(cfg)``, as ``train.py`` does: the loss falls,
-no logged value is NaN, and the last checkpoint holds finite weights. ``torch.compile`` runs with
-the ``aot_eager`` backend, which traces the same forward and backward graphs as inductor without
-generating code (inductor itself: ``INDUCTOR_TESTS=1``, tests/training/test_lit_module.py).
-"""
+default, and users add gradient accumulation and ``compile=true`` (or ``compile=layers``). Each
+combination below trains a few real steps of the tiny model through ``train(cfg)``, as ``train.py``
+does: the loss falls, no logged value is NaN, and the last checkpoint holds finite weights.
+``torch.compile`` runs with the ``aot_eager`` backend, which traces the same forward and backward
+graphs as inductor without generating code (inductor itself: ``INDUCTOR_TESTS=1``,
+tests/training/test_lit_module.py)."""
 
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ PRECISIONS = ["32-true", "bf16-mixed", "16-mixed"]
 MATRIX = list(
     itertools.product(PRECISIONS, [False, True], [False, True], [1, 2], [False, True])
 )  # precision x fused x clip x accumulate x compile
+MATRIX += [(p, True, True, 2, "layers") for p in PRECISIONS]  # compile=layers, each precision
 STEPS = 8
 
 
@@ -40,9 +41,10 @@ def corpus(corpus: Path, tmp_path_factory) -> Path:
 
 def combination_id(combo) -> str:
     precision, fused, clip, accumulate, compiled = combo
+    compiled = {False: "eager", True: "compile"}.get(compiled, compiled)
     return (
         f"{precision}-{'fused' if fused else 'foreach'}-{'clip' if clip else 'noclip'}"
-        f"-acc{accumulate}-{'compile' if compiled else 'eager'}"
+        f"-acc{accumulate}-{compiled}"
     )
 
 
@@ -56,7 +58,7 @@ def test_combination_trains(corpus, tmp_path, combo):
         f"optim.optimizer.fused={str(fused).lower()}",
         f"trainer.gradient_clip_val={1.0 if clip else 0.0}",
         f"trainer.accumulate_grad_batches={accumulate}",
-        f"compile={str(compiled).lower()}",
+        f"compile={str(compiled).lower()}",  # false, true or layers
         "compile_backend=aot_eager",
         f"trainer.max_steps={STEPS}",
         "trainer.limit_val_batches=0",
