@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import gzip
 import hashlib
+import json
 import logging
 import math
 import os
@@ -28,9 +29,12 @@ from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrid
 from transformer import atomic
 from transformer.atomic import HOST
 from transformer.checkpoints import average_checkpoints, load_checkpoint
+from transformer.checkpoints import main as average_main
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, DataError, NonFiniteLoss, UserError
 from transformer.evaluation import evaluate
+from transformer.export.ct2 import export_ct2
+from transformer.prune import main as prune_main
 from transformer.training import lit_module, run_dir, train
 from transformer.training.callbacks import AtomicCheckpointIO
 
@@ -453,7 +457,7 @@ def _corrupt(root: Path, case: str, request: pytest.FixtureRequest) -> list[str]
                 f.write(" ".join([word] * 150) + "\n")
         return ["data.max_tokens=140"]
     elif case == "a full disk while the tokenizer is written":
-        full_disk(request.getfixturevalue("monkeypatch"), ".model.")
+        full_disk(request.getfixturevalue("monkeypatch"), ".model")
     elif case == "a full disk while a checkpoint is written":
         fail_mid_write(request.getfixturevalue("monkeypatch"))
     elif case in WRONG_TYPES:
@@ -916,6 +920,8 @@ def test_translating_keeps_glibc_from_raising_its_mmap_threshold(workspace, tmp_
     evaluate_file = f"""
 from hydra import compose, initialize_config_dir
 from transformer.evaluation import evaluate
+from transformer.export.ct2 import export_ct2
+from transformer.prune import main as prune_main
 with initialize_config_dir("{REPO / "configs"}", version_base="1.3"):
     cfg = compose("evaluate", overrides=["ckpt_path={workspace / CKPT}",
                   "input={workspace / "s.txt"}", "decode=greedy",
@@ -993,45 +999,44 @@ def test_ctrl_c_or_sigterm_stops_tokenizer_training_at_once(tmp_path, signum):
     assert not [p for p in (corpus / "cache").rglob("*") if p.is_file()]
 
 
+# a token cache and a checkpoint written at once by another process, which is then killed
+KILLED_WRITES = (
+    "import sys, time; from pathlib import Path; from transformer.atomic import "
+    "atomic_directory, atomic_write; atomic_directory(Path(sys.argv[1]), lambda d: (d.mkdir(), "
+    "(d / 'tokens.arrow').write_bytes(bytes(1 << 20)), atomic_write(Path(sys.argv[2]), "
+    "lambda f: (f.write(b'PK half'), f.flush(), print(flush=True), time.sleep(300)))))"
+)
+
+
 @pytest.mark.slow
 def test_temporaries_of_killed_runs_are_removed_by_the_next(corpus, tmp_path):
-    """A run killed (SIGKILL) while writing a token cache leaves its temporary directory; so do
-    SentencePiece's files of earlier versions and a killed checkpoint write. The next run removes
-    those of processes gone, and keeps those of a running process and of another host (whose
-    processes cannot be seen)."""
+    """A run killed (SIGKILL) while writing a token cache and a checkpoint leaves their
+    temporary folders. The next run removes them, and keeps those of a running writer and of
+    another host (whose processes cannot be seen)."""
     root = tmp_path / "corpus"
     shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
-    tok, spm, ckpts = (
-        root / "cache" / "tok",
-        root / "cache" / "spm",
-        tmp_path / "run" / "checkpoints",
-    )
-    code = (
-        "import sys, time; from pathlib import Path; from transformer.atomic import "
-        "atomic_directory; atomic_directory(Path(sys.argv[1]), lambda d: (d.mkdir(parents=True), "
-        "(d / 'tokens.arrow').write_bytes(bytes(1 << 20)), print(flush=True), time.sleep(300)))"
-    )
+    tok, ckpts = root / "cache" / "tok", tmp_path / "run" / "checkpoints"
+    tok.mkdir(parents=True)
+    ckpts.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-c", code, str(tok / "local-corpus.train.en-de.0123")]
+    cmd = [sys.executable, "-c", KILLED_WRITES, str(tok / "local-corpus.train.en-de.0123"),
+           str(ckpts / "last.ckpt")]  # fmt: skip
     killed = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE)
-    killed.stdout.readline()  # the temporary directory is written
+    killed.stdout.readline()  # both temporaries are written
     killed.kill()
     killed.wait()
-    (left,) = tok.iterdir()
-    assert left.name.startswith(f".local-corpus.train.en-de.0123.{killed.pid}")
-    spm.mkdir()
-    legacy = spm / f".local-corpus.de-en.unigram64.0123.{killed.pid}.tmp.model"
-    legacy.write_bytes(b"half a model")
-    ckpts.mkdir(parents=True)
-    half_checkpoint = ckpts / f".last.ckpt.{killed.pid}@{HOST}.tmp"
-    half_checkpoint.write_bytes(b"PK half")
-    running = tok / f".another.{os.getpid()}@{HOST}.tmp"  # this process's
-    elsewhere = tok / f".another.{killed.pid}@some-other-host.tmp"
-    running.mkdir()
+    (cache_left,), (checkpoint_left,) = tok.iterdir(), ckpts.iterdir()
+    assert (cache_left / "local-corpus.train.en-de.0123" / "tokens.arrow").is_file()
+    assert (checkpoint_left / "last.ckpt").read_bytes() == b"PK half"
+    elsewhere = tok / f".another.{'0' * 32}.tmp"  # another host's, its writer not seen here
     elsewhere.mkdir()
-    train(compose_cfg([*tiny_overrides(root), "trainer.max_steps=1"], tmp_path / "run"))
-    assert not left.exists() and not legacy.exists() and not half_checkpoint.exists()
-    assert running.is_dir() and elsewhere.is_dir()
+    marker = {"token": "0" * 32, "host": "some-other-host"}
+    (elsewhere / atomic.MARKER).write_text(json.dumps(marker))
+    with atomic.temporary_folder(tok / "running") as running:  # this process's, being written
+        train(compose_cfg([*tiny_overrides(root), "trainer.max_steps=1"], tmp_path / "run"))
+        assert running.is_dir()
+    assert not cache_left.exists() and not checkpoint_left.exists()
+    assert elsewhere.is_dir()
 
 
 @pytest.mark.slow
@@ -1073,3 +1078,63 @@ def test_a_damaged_gz_input_to_evaluate_is_named(trained, tmp_path, fault):
     with pytest.raises(DataError, match=rf"^{source}(: | ){message}"):
         evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
     assert source.read_bytes() == before
+
+
+# -- issue 68: temporaries that can only be ours, every file read an input, the run-dir race ----
+
+
+def dead_pid() -> int:
+    """The id of a process of this host that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def plant_look_alikes(folder: Path) -> dict[str, str]:
+    """A user's hidden entries named as temporaries are, or were in earlier versions (a process
+    that no longer runs, this host, 32 hex digits, a marker with another token): files and
+    folders, none of them written by this project. Returns their checksums."""
+    pid, token = dead_pid(), "ab" * 16
+    marker = json.dumps({"token": "cd" * 16, "host": HOST})  # another token than its folder's
+    entries = {
+        ".photos.2024.tmp/a.jpg": b"\xff\xd8 a photo",
+        f".notes.txt.{pid}.tmp": b"my notes\n",
+        f".draft.{pid}@{HOST}.tmp/draft.txt": b"a draft\n",
+        f".m.ckpt.{pid}@{HOST}.tmp": b"PK a checkpoint of mine",
+        f".album.{token}.tmp/b.jpg": b"\xff\xd8 another photo",
+        f".backup.{token}.tmp/transformer-nmt-temporary.json": marker,
+    }
+    for name, data in entries.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    return checksums(folder)
+
+
+@pytest.mark.slow
+def test_no_command_removes_a_users_entry_that_looks_like_a_temporary(trained, corpus, tmp_path):
+    """Beside a checkpoint and beside an export's target: resuming, exporting, averaging,
+    pruning and evaluating leave every look-alike of a temporary as it was (the sweep removes
+    only folders marked as its own whose writer is gone)."""
+    user = tmp_path / "downloads"
+    user.mkdir()
+    shutil.copy(trained / "checkpoints" / "last.ckpt", user / "m.ckpt")
+    planted = plant_look_alikes(user)
+    hidden = sorted(p.name for p in user.iterdir() if p.name.startswith("."))
+
+    def unchanged() -> None:
+        assert {k: v for k, v in checksums(user).items() if k in planted} == planted
+
+    overrides = [*tiny_overrides(corpus), "trainer.max_steps=18", f"ckpt_path={user / 'm.ckpt'}"]
+    train(compose_cfg(overrides, tmp_path / "resumed"))
+    unchanged()
+    export_ct2([user / "m.ckpt"], user / "model")
+    unchanged()
+    average_main([str(user / "avg.ckpt"), str(user / "m.ckpt"), str(user / "m.ckpt")])
+    prune_main([str(user / "m.ckpt"), str(user / "pruned.ckpt"), "--heads", "cross:0:0"])
+    (user / "in.txt").write_text("a dog runs\n")
+    evaluate(compose_eval_cfg([
+        f"ckpt_path={user / 'm.ckpt'}", f"input={user / 'in.txt'}", f"output={user / 'out.txt'}",
+        "decode=greedy",
+    ], user / "eval"))  # fmt: skip
+    unchanged()
+    assert sorted(p.name for p in user.iterdir() if p.name.startswith(".")) == hidden  # no others
