@@ -31,7 +31,7 @@ from transformer.atomic import HOST
 from transformer.checkpoints import average_checkpoints, load_checkpoint
 from transformer.checkpoints import main as average_main
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import CheckpointError, DataError, NonFiniteLoss, UserError
+from transformer.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss, UserError
 from transformer.evaluation import evaluate
 from transformer.export.ct2 import export_ct2
 from transformer.prune import main as prune_main
@@ -658,8 +658,9 @@ def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def workspace(corpus, tmp_path_factory) -> Path:
     """A user's folder: a training run (run/: .hydra/, checkpoints/last.ckpt and three epoch
-    checkpoints), a folder of notes, texts to translate (a link to one of them) and an output of
-    5 lines."""
+    checkpoints), its export (model/), the corpus it was trained on (corpus/), a folder of notes,
+    texts to translate (a link to one of them) with their prefixes and constraints, and an output
+    of 5 lines."""
     root = tmp_path_factory.mktemp("user")
     train(compose_cfg([*tiny_overrides(corpus), "trainer.max_steps=2"], root / "run"))
     ckpts = root / "run" / "checkpoints"
@@ -671,6 +672,10 @@ def workspace(corpus, tmp_path_factory) -> Path:
     (root / "notes").mkdir()
     (root / "notes" / "todo.txt").write_text("average epochs 1-3\n")
     (root / "s.txt").write_text("a dog runs\nthe man sits\n\na cat\n")
+    (root / "p.txt").write_text("ein\nder\n\neine\n")  # s.txt's prefixes, and constraints:
+    (root / "c.txt").write_text('["Hund"]\n[]\n[]\n["Katze"]\n')
+    export_ct2([root / "run" / "checkpoints" / "last.ckpt"], root / "model")
+    shutil.copytree(corpus, root / "corpus", ignore=shutil.ignore_patterns("cache"))
     (root / "link.txt").symlink_to("s.txt")
     write_lines(root / "two.txt.gz", ["a dog", "a cat"])
     (root / "out5.txt").write_text("ein\nzwei\ndrei\nvier\nfünf\n")
@@ -727,6 +732,39 @@ OVERWRITES = {
         [*EVALUATE, "input=s.txt", f"output={CKPT}"],
         rf"error: output={CKPT} is {CKPT}, an input of this run, .*",
     ),
+    "evaluate.py output= its prefixes=": (
+        [*EVALUATE, "input=s.txt", "prefixes=p.txt", "output=p.txt"],
+        r"error: output=p.txt is p.txt, an input of this run, which writing it would destroy; "
+        r"give output= a new file",
+    ),
+    "evaluate.py output= its constraints=": (
+        ["evaluate.py", f"ckpt_path={CKPT}", "input=s.txt", "constraints=c.txt", "output=c.txt"],
+        r"error: output=c.txt is c.txt, an input of this run, .*",
+    ),
+    "evaluate.py score=true force=true output= the split's reference": (
+        [
+            "evaluate.py",
+            f"ckpt_path={CKPT}",
+            "score=true",
+            "split=test",
+            "data.root=corpus",
+            "output=corpus/test.de",
+            "force=true",
+        ],
+        r"error: output=corpus/test.de is corpus/test.de, an input of this run, .*",
+    ),  # fmt: skip
+    "evaluate.py output= the tokenizer of the exported model it runs": (
+        [
+            "evaluate.py",
+            "ckpt_path=model",
+            "engine=ctranslate2",
+            "decode=greedy",
+            "input=s.txt",
+            "output=model/target.spm.model",
+        ],
+        r"error: output=model/target.spm.model is model/target.spm.model, an input of this "
+        r"run, .*",
+    ),  # fmt: skip
     "evaluate.py output= longer than its gzipped input=": (
         [*EVALUATE, "input=two.txt.gz", "output=out5.txt"],
         r"error: output=out5.txt holds results for 5 lines but input=two.txt.gz has 2: it "
@@ -1138,3 +1176,18 @@ def test_no_command_removes_a_users_entry_that_looks_like_a_temporary(trained, c
     ], user / "eval"))  # fmt: skip
     unchanged()
     assert sorted(p.name for p in user.iterdir() if p.name.startswith(".")) == hidden  # no others
+
+
+def test_an_input_in_the_run_directory_is_refused_before_its_results_are_cleared(tmp_path):
+    """evaluate deletes the results of an earlier run in its run directory when it starts: an
+    input that is one of them (an earlier run's hypotheses.txt translated back, in its run
+    directory) is refused first, and kept."""
+    run = tmp_path / "eval"
+    run.mkdir()
+    (run / "hypotheses.txt").write_text("ein Hund läuft\n")
+    before = checksums(run)
+    hypotheses = run / "hypotheses.txt"
+    with pytest.raises(ConfigError, match=rf"^{hypotheses} is {hypotheses}, where this run writes "
+                       r"its hypotheses.txt: .* \(hydra.run.dir=DIR\)$"):  # fmt: skip
+        evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'm.ckpt'}", f"input={hypotheses}"], run))
+    assert checksums(run) == before

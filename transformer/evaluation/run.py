@@ -34,7 +34,13 @@ from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
-from transformer.evaluation.files import check_outputs, score_pairs, translate_file
+from transformer.evaluation.files import (
+    RESULTS,
+    check_outputs,
+    files_read,
+    score_pairs,
+    translate_file,
+)
 from transformer.evaluation.guides import ConstraintsMet, check_guides, split_guides
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
@@ -219,9 +225,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
-    check_outputs(cfg, checkpoints)
+    check_outputs(cfg, out_dir, files_read(cfg, checkpoints))
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
+    for name in RESULTS:  # no earlier run's results
         (out_dir / name).unlink(missing_ok=True)
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
