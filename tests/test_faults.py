@@ -641,6 +641,19 @@ def test_train_py_reports_a_user_error_in_one_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
+def test_a_run_directory_that_cannot_be_made_is_one_error_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    run = tmp_path / "a-file" / "run"
+    cmd = [sys.executable, "train.py", "model=tiny", "logger=csv", f"hydra.run.dir={run}"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: hydra.run.dir={run} cannot be made or opened (Not a directory); choose another "
+        "directory"
+    )
+
+
 def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
     with pytest.raises(DataError, match=r"tokenizer model .*none.model does not exist"):
         Tokenizer(tmp_path / "none.model")
@@ -1191,3 +1204,43 @@ def test_an_input_in_the_run_directory_is_refused_before_its_results_are_cleared
                        r"its hypotheses.txt: .* \(hydra.run.dir=DIR\)$"):  # fmt: skip
         evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'm.ckpt'}", f"input={hypotheses}"], run))
     assert checksums(run) == before
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_in_one_directory_leave_only_the_winners_record(corpus, tmp_path):
+    """Two train.py started at the same instant in one hydra.run.dir (seeds 1 and 2), three
+    times: one trains, the other is refused by the directory's lock before Hydra writes there,
+    so .hydra/ and train.log are the winner's alone."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for attempt in range(3):
+        run = tmp_path / f"run{attempt}"
+        procs = {
+            seed: subprocess.Popen(
+                [
+                    sys.executable,
+                    "train.py",
+                    *tiny_overrides(corpus),
+                    f"hydra.run.dir={run}",
+                    f"seed={seed}",
+                    "trainer.max_steps=2",
+                ],
+                cwd=REPO,
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for seed in (1, 2)
+        }
+        errors = {seed: proc.communicate(timeout=180)[1] for seed, proc in procs.items()}
+        codes = {seed: proc.returncode for seed, proc in procs.items()}
+        assert sorted(codes.values()) == [0, 1], errors
+        (winner,) = (seed for seed, code in codes.items() if code == 0)
+        loser = 3 - winner
+        assert errors[loser].strip().splitlines()[-1] == (
+            f"error: another run is training in {run} now (it holds the directory's lock); wait "
+            "for it to end, or give this run another directory (hydra.run.dir=DIR)"
+        )
+        assert f"- seed={winner}\n" in (run / ".hydra" / "overrides.yaml").read_text()
+        assert f"\nseed: {winner}\n" in (run / ".hydra" / "config.yaml").read_text()
+        log = (run / "train.log").read_text()
+        assert log.count("[transformer.training.run][INFO] - model:") == 1  # one run's lines

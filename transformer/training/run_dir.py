@@ -4,9 +4,10 @@ checkpoints there without ``force=true``.
 A new run refuses a directory whose checkpoint folders hold checkpoints (a resumed one, those of
 a run other than the one it resumes); ``force=true`` deletes them first. While a run trains, it
 holds a lock on its run directory: a second run started there meanwhile refuses too (no
-checkpoint is written yet). ``train.py`` checks in a Hydra callback (:class:`RunDirectoryCheck`,
-``configs/hydra/default.yaml``) before Hydra writes its record (``.hydra/``) and log there;
-:func:`transformer.training.run.train` checks again, under the lock, for its callers.
+checkpoint is written yet). ``train.py`` takes the lock and checks in a Hydra callback
+(:class:`RunDirectoryCheck`, ``configs/hydra/default.yaml``) before Hydra writes its record
+(``.hydra/``) and log there, and holds it to its end; :func:`transformer.training.run.train`
+checks again, under the lock, for its callers.
 """
 
 from __future__ import annotations
@@ -80,37 +81,44 @@ def check_training_run(cfg: DictConfig) -> list[Path]:
     )
 
 
-@contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
-    """The run directory's lock, held until the block ends (or the process does); another run
-    holding it is a :class:`ConfigError`. A file system without locks skips it."""
+_HELD: dict[Path, int] = {}  # run directory -> its locked descriptor, held until the process ends
+
+
+def _lock(run_dir: Path) -> int:
+    """Take the run directory's lock: its open descriptor, which holds it until closed (or the
+    process ends); another run holding it is a :class:`ConfigError`. A file system without
+    locks gives an unlocked one (the checkpoint checks still hold)."""
     fd = os.open(run_dir, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"another run is training in {run_dir} now (it holds the directory's lock); "
-                "wait for it to end, or give this run another directory (hydra.run.dir=DIR)"
-            ) from None
-        except OSError as err:  # the checkpoint checks still hold
-            log.debug("no lock on %s: %s", run_dir, err)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"another run is training in {run_dir} now (it holds the directory's lock); "
+            "wait for it to end, or give this run another directory (hydra.run.dir=DIR)"
+        ) from None
+    except OSError as err:
+        log.debug("no lock on %s: %s", run_dir, err)
+    return fd
 
 
 @contextlib.contextmanager
 def claim_training_run(cfg: DictConfig) -> Iterator[None]:
     """Hold the run directory's lock while training (rank 0 only): a second run there refuses.
-    Under the lock the checkpoints are checked again and, with ``force=true``, deleted."""
-    run_dir = Path(cfg.paths.output_dir)
+    ``train.py`` took it already, before Hydra wrote there (:class:`RunDirectoryCheck`), and
+    keeps it; others take it here. Under the lock the checkpoints are checked again and, with
+    ``force=true``, deleted."""
+    run_dir = Path(cfg.paths.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(run_dir):
+    fd = _HELD[run_dir] if run_dir in _HELD else _lock(run_dir)
+    try:
         for path in check_training_run(cfg):
             log.warning("force=true: deleting %s, an earlier run's checkpoint", path)
             path.unlink()
         yield
+    finally:
+        if run_dir not in _HELD:
+            os.close(fd)  # releases the lock
 
 
 # set to a rank other than 0 in the processes that Lightning's DDP, torchrun or SLURM start
@@ -118,20 +126,27 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID
 
 
 class RunDirectoryCheck(Callback):
-    """Hydra callback: the checks above before Hydra writes to the run directory; a refusal is
-    one ``error:`` line and exit status 1."""
+    """Hydra callback, before Hydra writes to the run directory: takes its lock, held until the
+    process ends (two runs started at once: the second is refused here, not after Hydra wrote
+    its record and log lines), then the checks above; a refusal is one ``error:`` line and exit
+    status 1."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
             return  # a process that DDP started after the first, in its run directory
         probe = copy.deepcopy(config)  # paths.output_dir names Hydra's, not set until the job
-        out_dir = Path(str(config.hydra.run.dir)).absolute()
+        out_dir = Path(str(config.hydra.run.dir)).resolve()
         with read_write(probe), open_dict(probe):
             probe.paths.output_dir = str(out_dir)
         try:
-            if out_dir.is_dir():
-                with _locked(out_dir):
-                    pass
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if out_dir not in _HELD:
+                _HELD[out_dir] = _lock(out_dir)
             check_training_run(probe)
         except ConfigError as err:
             sys.exit(f"error: {err}")
+        except OSError as err:
+            sys.exit(
+                f"error: hydra.run.dir={config.hydra.run.dir} cannot be made or opened "
+                f"({err.strerror or err}); choose another directory"
+            )
