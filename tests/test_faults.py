@@ -1244,3 +1244,43 @@ def test_two_runs_started_at_once_in_one_directory_leave_only_the_winners_record
         assert f"\nseed: {winner}\n" in (run / ".hydra" / "config.yaml").read_text()
         log = (run / "train.log").read_text()
         assert log.count("[transformer.training.run][INFO] - model:") == 1  # one run's lines
+
+
+EVALUATE_ERRORS = {  # case -> (the files it writes, its overrides, its error)
+    "a prefix longer than the model takes": (
+        {"p.txt": "ein\n" + "ein " * 300 + "\n"},
+        ["prefixes=p.txt", "decode=greedy"],
+        r"prefixes=.*/p\.txt, line 2: the prefix has \d+ pieces; the model's translations take "
+        r"at most 255: shorten it",
+    ),
+    "a constraint the target vocabulary cannot write": (
+        {"c.txt": '[]\n["Hund"]\n'},
+        ["constraints=c.txt"],
+        r"constraints=.*/c\.txt, line 2: constraint 'Hund' has characters the target vocabulary "
+        r"lacks .*; give a phrase the model can write",
+    ),
+    "output= a .gz file": (
+        {},
+        ["output=out.txt.gz", "decode=greedy"],
+        r"output=.*/out\.txt\.gz: results are written as plain text, .*; give a name without "
+        r"\.gz, and gzip the file once it is done",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EVALUATE_ERRORS)
+def test_bad_evaluation_input_is_one_line_naming_its_file(case, trained, tmp_path):
+    files, overrides, error = EVALUATE_ERRORS[case]
+    (tmp_path / "in.txt").write_text("a dog runs\nthe man sits\n")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    overrides = [re.sub(r"=(\w+\.txt(\.gz)?)$", rf"={tmp_path}/\1", o) for o in overrides]
+    cfg = compose_eval_cfg([
+        f"ckpt_path={trained / 'checkpoints' / 'last.ckpt'}", f"input={tmp_path / 'in.txt'}",
+        *overrides,
+    ], tmp_path / "eval")  # fmt: skip
+    with pytest.raises(UserError, match=rf"^{error}$") as raised:
+        evaluate(cfg)
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "out.txt.gz").exists()

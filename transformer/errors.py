@@ -21,6 +21,15 @@ class DataError(UserError, ValueError):
     """Unusable input data; the message says what is wrong and what would fix it."""
 
 
+class GuideError(DataError):
+    """A line's prefix or constraint the model cannot take; ``option`` (``prefixes``,
+    ``constraints``) says which, for the caller that read it from a file to name the file."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
+
+
 class CheckpointError(UserError, ValueError):
     """A checkpoint that cannot be used; the message names the file and what is wrong."""
 

@@ -20,7 +20,7 @@ from transformer.data.text_files import line_count, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import ConfigError, DataError
-from transformer.evaluation.guides import ConstraintsMet, input_guides
+from transformer.evaluation.guides import ConstraintsMet, input_guides, named_guides
 from transformer.evaluation.streaming import append_chunks, whole_items
 from transformer.export.ct2_translate import CT2Translator
 from transformer.outputs import check_not_input, same_file
@@ -141,7 +141,8 @@ def translate_file(
             lines, prefixes = [line for line, _ in items], [p for _, p in items]
         phrases = None if wanted is None else wanted[first : first + len(lines)]
         more = {} if phrases is None else {"constraints": phrases}  # our engine's alone
-        out = translator.translate(lines, options, max_tokens, first, prefixes=prefixes, **more)
+        with named_guides(cfg):
+            out = translator.translate(lines, options, max_tokens, first, prefixes=prefixes, **more)
         if met is not None:
             met.count([t[0].text for t in out], phrases, translator.tgt_tokenizer)
         return output_lines(out, options)
