@@ -1287,3 +1287,28 @@ def test_bad_evaluation_input_is_one_line_naming_its_file(case, trained, tmp_pat
         evaluate(cfg)
     assert "\n" not in str(raised.value)
     assert not (tmp_path / "out.txt.gz").exists()
+
+
+@pytest.mark.slow
+def test_force_starts_fresh_logs_and_keeps_the_earlier_runs_aside(corpus, tmp_path):
+    """train.py force=true in a directory of an earlier run: its checkpoints are deleted, and its
+    logs (train.log, .hydra/, the CSV log) move to replaced/1/, whole, so the new run's logs hold
+    the new run alone."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = tmp_path / "run"
+    command = [sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run}"]
+    for extra in (["trainer.max_steps=3"], ["trainer.max_steps=2", "force=true"]):
+        res = subprocess.run([*command, *extra], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=180)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        if "force=true" not in extra:
+            earlier = checksums(run)
+    aside = {k.removeprefix("replaced/1/"): v for k, v in checksums(run).items()
+             if k.startswith("replaced/1/")}  # fmt: skip
+    assert aside == {k: v for k, v in earlier.items() if not k.startswith("checkpoints/")}
+    assert {".hydra/config.yaml", "train.log", "csv/version_0/metrics.csv"} <= set(aside)
+    log = (run / "train.log").read_text()
+    assert log.count("finished at step") == 1 and "finished at step 2" in log
+    assert "- force=true" in (run / ".hydra" / "overrides.yaml").read_text()
+    assert [p.name for p in (run / "csv").iterdir()] == ["version_0"]
+    assert len(logged(run, "train/loss")) == 2

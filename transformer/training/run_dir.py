@@ -43,14 +43,60 @@ def _inside(path: Path, dirs: list[Path]) -> bool:
     return any(d in path.parents for d in dirs)
 
 
+def _continues(cfg: DictConfig) -> bool:
+    """Whether the run resumes from a checkpoint of its own checkpoint folders (it continues the
+    run that wrote them)."""
+    resumed = cfg.get("ckpt_path")
+    return bool(resumed) and _inside(Path(str(resumed)), checkpoint_dirs(cfg))
+
+
 def earlier_checkpoints(cfg: DictConfig) -> list[Path]:
     """The checkpoints of another run in this run's checkpoint folders: all of them for a new run,
     none for a run resumed from one of them (it continues that run)."""
-    dirs = checkpoint_dirs(cfg)
-    resumed = cfg.get("ckpt_path")
-    if resumed and _inside(Path(str(resumed)), dirs):
+    if _continues(cfg):
         return []
-    return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.ckpt"))
+    return sorted(p for d in checkpoint_dirs(cfg) if d.is_dir() for p in d.glob("*.ckpt"))
+
+
+VERSIONED_LOGGERS = ("CSVLogger", "TensorBoardLogger")  # a version_N/ in save_dir/name each run
+
+
+def run_logs(cfg: DictConfig) -> list[Path]:
+    """What a run logs in its run directory beside its checkpoints: Hydra's record and log (where
+    ``cfg`` holds Hydra's config: train.py's), its CSV and TensorBoard loggers' folders and its
+    callbacks' (the attention maps and explorer)."""
+    run = Path(cfg.paths.output_dir)
+    logs = []
+    hydra = cfg.get("hydra")
+    if hydra is not None:
+        logs.append(run / f"{hydra.job.name}.log")
+        if hydra.output_subdir is not None:
+            logs.append(run / str(hydra.output_subdir))
+    for node in (cfg.get("logger") or {}).values():
+        if node and str(node.get("_target_")).rsplit(".", 1)[-1] in VERSIONED_LOGGERS:
+            logs.append(Path(node.save_dir) / str(node.name))
+    callbacks = (cfg.get("callbacks") or {}).values()
+    return logs + [Path(c.out_dir) for c in callbacks if c and c.get("out_dir")]
+
+
+def set_aside_logs(cfg: DictConfig) -> None:
+    """``force=true`` on a run that does not continue the directory's: the earlier run's logs
+    there (:func:`run_logs`) move to ``replaced/<n>/`` in the run directory (the first ``n``
+    free), so that the new run's start fresh and the old are kept."""
+    if not cfg.get("force") or _continues(cfg):
+        return
+    run = Path(cfg.paths.output_dir).resolve()
+    found = [p for p in run_logs(cfg) if p.exists() and run in p.resolve().parents]
+    if not found:
+        return
+    n = 1
+    while (run / "replaced" / str(n)).exists():
+        n += 1
+    for path in found:
+        aside = run / "replaced" / str(n) / path.resolve().relative_to(run)
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, aside)
+    log.warning("force=true: the earlier run's logs moved to %s", run / "replaced" / str(n))
 
 
 def check_training_run(cfg: DictConfig) -> list[Path]:
@@ -107,17 +153,22 @@ def claim_training_run(cfg: DictConfig) -> Iterator[None]:
     """Hold the run directory's lock while training (rank 0 only): a second run there refuses.
     ``train.py`` took it already, before Hydra wrote there (:class:`RunDirectoryCheck`), and
     keeps it; others take it here. Under the lock the checkpoints are checked again and, with
-    ``force=true``, deleted."""
+    ``force=true``, the earlier run's logs set aside (:func:`set_aside_logs`; train.py's before
+    Hydra wrote there) and its checkpoints deleted."""
     run_dir = Path(cfg.paths.output_dir).resolve()
     run_dir.mkdir(parents=True, exist_ok=True)
-    fd = _HELD[run_dir] if run_dir in _HELD else _lock(run_dir)
+    held = run_dir in _HELD  # its logs set aside already
+    fd = _HELD[run_dir] if held else _lock(run_dir)
     try:
-        for path in check_training_run(cfg):
+        found = check_training_run(cfg)
+        if not held:
+            set_aside_logs(cfg)
+        for path in found:
             log.warning("force=true: deleting %s, an earlier run's checkpoint", path)
             path.unlink()
         yield
     finally:
-        if run_dir not in _HELD:
+        if not held:
             os.close(fd)  # releases the lock
 
 
@@ -128,8 +179,8 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID
 class RunDirectoryCheck(Callback):
     """Hydra callback, before Hydra writes to the run directory: takes its lock, held until the
     process ends (two runs started at once: the second is refused here, not after Hydra wrote
-    its record and log lines), then the checks above; a refusal is one ``error:`` line and exit
-    status 1."""
+    its record and log lines), then the checks above, and with ``force=true`` sets the earlier
+    run's logs aside; a refusal is one ``error:`` line and exit status 1."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
@@ -143,6 +194,7 @@ class RunDirectoryCheck(Callback):
             if out_dir not in _HELD:
                 _HELD[out_dir] = _lock(out_dir)
             check_training_run(probe)
+            set_aside_logs(probe)
         except ConfigError as err:
             sys.exit(f"error: {err}")
         except OSError as err:
