@@ -155,20 +155,20 @@ def claim_training_run(cfg: DictConfig) -> Iterator[None]:
     keeps it; others take it here. Under the lock the checkpoints are checked again and, with
     ``force=true``, the earlier run's logs set aside (:func:`set_aside_logs`; train.py's before
     Hydra wrote there) and its checkpoints deleted."""
-    run_dir = Path(cfg.paths.output_dir).resolve()
+    run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    held = run_dir in _HELD  # its logs set aside already
-    fd = _HELD[run_dir] if held else _lock(run_dir)
+    held = _HELD.get(run_dir.resolve())  # train.py's: its logs set aside already
+    fd = held if held is not None else _lock(run_dir)
     try:
         found = check_training_run(cfg)
-        if not held:
+        if held is None:
             set_aside_logs(cfg)
         for path in found:
             log.warning("force=true: deleting %s, an earlier run's checkpoint", path)
             path.unlink()
         yield
     finally:
-        if not held:
+        if held is None:
             os.close(fd)  # releases the lock
 
 
@@ -186,13 +186,13 @@ class RunDirectoryCheck(Callback):
         if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
             return  # a process that DDP started after the first, in its run directory
         probe = copy.deepcopy(config)  # paths.output_dir names Hydra's, not set until the job
-        out_dir = Path(str(config.hydra.run.dir)).resolve()
+        out_dir = Path(str(config.hydra.run.dir)).absolute()
         with read_write(probe), open_dict(probe):
             probe.paths.output_dir = str(out_dir)
         try:
             out_dir.mkdir(parents=True, exist_ok=True)
-            if out_dir not in _HELD:
-                _HELD[out_dir] = _lock(out_dir)
+            if out_dir.resolve() not in _HELD:  # (a second Hydra run in this process holds it)
+                _HELD[out_dir.resolve()] = _lock(out_dir)
             check_training_run(probe)
             set_aside_logs(probe)
         except ConfigError as err:
