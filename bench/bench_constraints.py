@@ -22,7 +22,11 @@ import json
 import platform
 import statistics
 import string
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
 
 import torch
 
@@ -34,6 +38,7 @@ from transformer.checkpoints import (
 from transformer.data.tokenizer import UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import Stepper
+from transformer.errors import one_line_errors
 from transformer.evaluation.terminology import constraints_met
 from transformer.metrics import score_translations
 from transformer.translate import Translation, Translator
@@ -157,4 +162,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():  # a bad checkpoint or file: one line, as train.py's
+        main()

@@ -31,6 +31,7 @@ import torch
 from transformer.checkpoints import load_or_average, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.decoding import DecodeOptions
+from transformer.errors import one_line_errors
 from transformer.export.ct2 import export_ct2, import_ctranslate2
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
@@ -131,4 +132,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():  # a bad checkpoint or file: one line, as train.py's
+        main()

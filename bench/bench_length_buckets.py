@@ -36,6 +36,7 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.decoding import DecodeOptions
+from transformer.errors import one_line_errors
 from transformer.evaluation.run import checkpoint_paths
 from transformer.translate import Translator
 
@@ -149,4 +150,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():  # a bad checkpoint or file: one line, as train.py's
+        main()

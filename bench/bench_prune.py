@@ -14,7 +14,11 @@ same heads masked (the same translations, the unpruned cost). Times are the best
 from __future__ import annotations
 
 import argparse
+import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: this checkout
 
 import torch
 
@@ -23,7 +27,7 @@ from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, one_line_errors
 from transformer.metrics import score_translations
 from transformer.prune import checkpoint_scores, least_important
 from transformer.surgery import prune_model
@@ -92,4 +96,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():  # a bad checkpoint or file: one line, as train.py's
+        main()

@@ -74,13 +74,22 @@ def main() -> None:
     if args.child:
         return child(args)
 
-    codes = args.code or [str(Path(__file__).resolve().parents[1])]
+    here = str(Path(__file__).resolve().parents[1])
+    sys.path.insert(0, here)
+    from transformer.checkpoints import load_checkpoint
+    from transformer.errors import one_line_errors
+
+    with one_line_errors():  # a bad checkpoint: one line, as train.py's, before any child runs
+        load_checkpoint(args.ckpt)
+    codes = args.code or [here]
     runs: dict[str, list[dict]] = {code: [] for code in codes}
     for _ in range(args.repeat):
         for code in codes:
             cmd = [sys.executable, __file__, args.ckpt, "--source", args.source, "--child"]
             cmd += ["--beam", str(args.beam), "--dtype", args.dtype, "--code", code]
-            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True, check=True)
+            done = subprocess.run(cmd, stdout=subprocess.PIPE, text=True)
+            if done.returncode:  # the child said why, on stderr
+                sys.exit(done.returncode)
             runs[code].append(json.loads(done.stdout.strip().splitlines()[-1]))
     print(f"beam={args.beam} dtype={args.dtype} source={args.source} checkpoint={args.ckpt}")
     print("| code | best seconds | sentences/s | output md5 |")

@@ -34,6 +34,7 @@ from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.figures import Drawing, draw
 from transformer.checkpoints import load_checkpoint, tokenizer_models
 from transformer.data.datamodule import TranslationDataModule
+from transformer.errors import one_line_errors
 from transformer.metrics import score_translations
 from transformer.training import TranslationModule
 from transformer.translate import decode_batch
@@ -171,4 +172,5 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    main()
+    with one_line_errors():  # a bad checkpoint or file: one line, as train.py's
+        main()

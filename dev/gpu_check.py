@@ -194,8 +194,10 @@ def _load_ckpt(path: Path) -> dict[str, Any]:
     only (``weights_only=True``: no pickled code runs)."""
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from transformer.checkpoints import load_checkpoint
+    from transformer.errors import one_line_errors
 
-    return load_checkpoint(path)
+    with one_line_errors():  # a damaged checkpoint: one line, as train.py's
+        return load_checkpoint(path)
 
 
 def run_info(run: Path, log: Path | None = None) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import errno
 import gzip
 import hashlib
+import json
 import logging
 import math
 import os
@@ -28,9 +29,12 @@ from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrid
 from transformer import atomic
 from transformer.atomic import HOST
 from transformer.checkpoints import average_checkpoints, load_checkpoint
+from transformer.checkpoints import main as average_main
 from transformer.data.tokenizer import Tokenizer
-from transformer.errors import CheckpointError, DataError, NonFiniteLoss, UserError
+from transformer.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss, UserError
 from transformer.evaluation import evaluate
+from transformer.export.ct2 import export_ct2
+from transformer.prune import main as prune_main
 from transformer.training import lit_module, run_dir, train
 from transformer.training.callbacks import AtomicCheckpointIO
 
@@ -453,10 +457,10 @@ def _corrupt(root: Path, case: str, request: pytest.FixtureRequest) -> list[str]
                 f.write(" ".join([word] * 150) + "\n")
         return ["data.max_tokens=140"]
     elif case == "a full disk while the tokenizer is written":
-        full_disk(request.getfixturevalue("monkeypatch"), ".model.")
+        full_disk(request.getfixturevalue("monkeypatch"), ".model")
     elif case == "a full disk while a checkpoint is written":
         fail_mid_write(request.getfixturevalue("monkeypatch"))
-    elif case in WRONG_TYPES:
+    elif case in WRONG_TYPES or case == "data.num_workers=-1":
         return [case]
     return []
 
@@ -588,6 +592,9 @@ BAD_TRAINING_INPUT = {
     "data.max_len=abc": r"^data.max_len=abc: expected an integer",
     "model.num_encoder_layers=2.5": r"^model.num_encoder_layers=2.5: expected an integer",
     "data.joint_vocab=maybe": r"^data.joint_vocab=maybe: expected true or false",
+    # issue 68
+    "data.num_workers=-1": r"^invalid data option \(data\.\*\): data\.num_workers=-1: give the "
+    r"number of loader processes, 0 or more",
 }
 
 
@@ -637,6 +644,19 @@ def test_train_py_reports_a_user_error_in_one_line(tmp_path):
     assert "Traceback" not in res.stderr
 
 
+@pytest.mark.slow
+def test_a_run_directory_that_cannot_be_made_is_one_error_line(tmp_path):
+    (tmp_path / "a-file").write_text("")
+    run = tmp_path / "a-file" / "run"
+    cmd = [sys.executable, "train.py", "model=tiny", "logger=csv", f"hydra.run.dir={run}"]
+    res = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 1 and "Traceback" not in res.stderr
+    assert res.stderr.strip().splitlines()[-1] == (
+        f"error: hydra.run.dir={run} cannot be made or opened (Not a directory); choose another "
+        "directory"
+    )
+
+
 def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
     with pytest.raises(DataError, match=r"tokenizer model .*none.model does not exist"):
         Tokenizer(tmp_path / "none.model")
@@ -654,8 +674,9 @@ def test_missing_or_unreadable_tokenizer_model_is_named(tmp_path):
 @pytest.fixture(scope="module")
 def workspace(corpus, tmp_path_factory) -> Path:
     """A user's folder: a training run (run/: .hydra/, checkpoints/last.ckpt and three epoch
-    checkpoints), a folder of notes, texts to translate (a link to one of them) and an output of
-    5 lines."""
+    checkpoints), its export (model/), the corpus it was trained on (corpus/), a folder of notes,
+    texts to translate (a link to one of them) with their prefixes and constraints, and an output
+    of 5 lines."""
     root = tmp_path_factory.mktemp("user")
     train(compose_cfg([*tiny_overrides(corpus), "trainer.max_steps=2"], root / "run"))
     ckpts = root / "run" / "checkpoints"
@@ -667,6 +688,10 @@ def workspace(corpus, tmp_path_factory) -> Path:
     (root / "notes").mkdir()
     (root / "notes" / "todo.txt").write_text("average epochs 1-3\n")
     (root / "s.txt").write_text("a dog runs\nthe man sits\n\na cat\n")
+    (root / "p.txt").write_text("ein\nder\n\neine\n")  # s.txt's prefixes, and constraints:
+    (root / "c.txt").write_text('["Hund"]\n[]\n[]\n["Katze"]\n')
+    export_ct2([root / "run" / "checkpoints" / "last.ckpt"], root / "model")
+    shutil.copytree(corpus, root / "corpus", ignore=shutil.ignore_patterns("cache"))
     (root / "link.txt").symlink_to("s.txt")
     write_lines(root / "two.txt.gz", ["a dog", "a cat"])
     (root / "out5.txt").write_text("ein\nzwei\ndrei\nvier\nfünf\n")
@@ -723,6 +748,39 @@ OVERWRITES = {
         [*EVALUATE, "input=s.txt", f"output={CKPT}"],
         rf"error: output={CKPT} is {CKPT}, an input of this run, .*",
     ),
+    "evaluate.py output= its prefixes=": (
+        [*EVALUATE, "input=s.txt", "prefixes=p.txt", "output=p.txt"],
+        r"error: output=p.txt is p.txt, an input of this run, which writing it would destroy; "
+        r"give output= a new file",
+    ),
+    "evaluate.py output= its constraints=": (
+        ["evaluate.py", f"ckpt_path={CKPT}", "input=s.txt", "constraints=c.txt", "output=c.txt"],
+        r"error: output=c.txt is c.txt, an input of this run, .*",
+    ),
+    "evaluate.py score=true force=true output= the split's reference": (
+        [
+            "evaluate.py",
+            f"ckpt_path={CKPT}",
+            "score=true",
+            "split=test",
+            "data.root=corpus",
+            "output=corpus/test.de",
+            "force=true",
+        ],
+        r"error: output=corpus/test.de is corpus/test.de, an input of this run, .*",
+    ),  # fmt: skip
+    "evaluate.py output= the tokenizer of the exported model it runs": (
+        [
+            "evaluate.py",
+            "ckpt_path=model",
+            "engine=ctranslate2",
+            "decode=greedy",
+            "input=s.txt",
+            "output=model/target.spm.model",
+        ],
+        r"error: output=model/target.spm.model is model/target.spm.model, an input of this "
+        r"run, .*",
+    ),  # fmt: skip
     "evaluate.py output= longer than its gzipped input=": (
         [*EVALUATE, "input=two.txt.gz", "output=out5.txt"],
         r"error: output=out5.txt holds results for 5 lines but input=two.txt.gz has 2: it "
@@ -916,6 +974,8 @@ def test_translating_keeps_glibc_from_raising_its_mmap_threshold(workspace, tmp_
     evaluate_file = f"""
 from hydra import compose, initialize_config_dir
 from transformer.evaluation import evaluate
+from transformer.export.ct2 import export_ct2
+from transformer.prune import main as prune_main
 with initialize_config_dir("{REPO / "configs"}", version_base="1.3"):
     cfg = compose("evaluate", overrides=["ckpt_path={workspace / CKPT}",
                   "input={workspace / "s.txt"}", "decode=greedy",
@@ -993,45 +1053,44 @@ def test_ctrl_c_or_sigterm_stops_tokenizer_training_at_once(tmp_path, signum):
     assert not [p for p in (corpus / "cache").rglob("*") if p.is_file()]
 
 
+# a token cache and a checkpoint written at once by another process, which is then killed
+KILLED_WRITES = (
+    "import sys, time; from pathlib import Path; from transformer.atomic import "
+    "atomic_directory, atomic_write; atomic_directory(Path(sys.argv[1]), lambda d: (d.mkdir(), "
+    "(d / 'tokens.arrow').write_bytes(bytes(1 << 20)), atomic_write(Path(sys.argv[2]), "
+    "lambda f: (f.write(b'PK half'), f.flush(), print(flush=True), time.sleep(300)))))"
+)
+
+
 @pytest.mark.slow
 def test_temporaries_of_killed_runs_are_removed_by_the_next(corpus, tmp_path):
-    """A run killed (SIGKILL) while writing a token cache leaves its temporary directory; so do
-    SentencePiece's files of earlier versions and a killed checkpoint write. The next run removes
-    those of processes gone, and keeps those of a running process and of another host (whose
-    processes cannot be seen)."""
+    """A run killed (SIGKILL) while writing a token cache and a checkpoint leaves their
+    temporary folders. The next run removes them, and keeps those of a running writer and of
+    another host (whose processes cannot be seen)."""
     root = tmp_path / "corpus"
     shutil.copytree(corpus, root, ignore=shutil.ignore_patterns("cache"))
-    tok, spm, ckpts = (
-        root / "cache" / "tok",
-        root / "cache" / "spm",
-        tmp_path / "run" / "checkpoints",
-    )
-    code = (
-        "import sys, time; from pathlib import Path; from transformer.atomic import "
-        "atomic_directory; atomic_directory(Path(sys.argv[1]), lambda d: (d.mkdir(parents=True), "
-        "(d / 'tokens.arrow').write_bytes(bytes(1 << 20)), print(flush=True), time.sleep(300)))"
-    )
+    tok, ckpts = root / "cache" / "tok", tmp_path / "run" / "checkpoints"
+    tok.mkdir(parents=True)
+    ckpts.mkdir(parents=True)
     env = dict(os.environ, PYTHONPATH=str(REPO))
-    cmd = [sys.executable, "-c", code, str(tok / "local-corpus.train.en-de.0123")]
+    cmd = [sys.executable, "-c", KILLED_WRITES, str(tok / "local-corpus.train.en-de.0123"),
+           str(ckpts / "last.ckpt")]  # fmt: skip
     killed = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE)
-    killed.stdout.readline()  # the temporary directory is written
+    killed.stdout.readline()  # both temporaries are written
     killed.kill()
     killed.wait()
-    (left,) = tok.iterdir()
-    assert left.name.startswith(f".local-corpus.train.en-de.0123.{killed.pid}")
-    spm.mkdir()
-    legacy = spm / f".local-corpus.de-en.unigram64.0123.{killed.pid}.tmp.model"
-    legacy.write_bytes(b"half a model")
-    ckpts.mkdir(parents=True)
-    half_checkpoint = ckpts / f".last.ckpt.{killed.pid}@{HOST}.tmp"
-    half_checkpoint.write_bytes(b"PK half")
-    running = tok / f".another.{os.getpid()}@{HOST}.tmp"  # this process's
-    elsewhere = tok / f".another.{killed.pid}@some-other-host.tmp"
-    running.mkdir()
+    (cache_left,), (checkpoint_left,) = tok.iterdir(), ckpts.iterdir()
+    assert (cache_left / "local-corpus.train.en-de.0123" / "tokens.arrow").is_file()
+    assert (checkpoint_left / "last.ckpt").read_bytes() == b"PK half"
+    elsewhere = tok / f".another.{'0' * 32}.tmp"  # another host's, its writer not seen here
     elsewhere.mkdir()
-    train(compose_cfg([*tiny_overrides(root), "trainer.max_steps=1"], tmp_path / "run"))
-    assert not left.exists() and not legacy.exists() and not half_checkpoint.exists()
-    assert running.is_dir() and elsewhere.is_dir()
+    marker = {"token": "0" * 32, "host": "some-other-host"}
+    (elsewhere / atomic.MARKER).write_text(json.dumps(marker))
+    with atomic.temporary_folder(tok / "running") as running:  # this process's, being written
+        train(compose_cfg([*tiny_overrides(root), "trainer.max_steps=1"], tmp_path / "run"))
+        assert running.is_dir()
+    assert not cache_left.exists() and not checkpoint_left.exists()
+    assert elsewhere.is_dir()
 
 
 @pytest.mark.slow
@@ -1073,3 +1132,183 @@ def test_a_damaged_gz_input_to_evaluate_is_named(trained, tmp_path, fault):
     with pytest.raises(DataError, match=rf"^{source}(: | ){message}"):
         evaluate(compose_eval_cfg([f"ckpt_path={ckpt}", f"input={source}"], tmp_path / "out"))
     assert source.read_bytes() == before
+
+
+# -- issue 68: temporaries that can only be ours, every file read an input, the run-dir race ----
+
+
+def dead_pid() -> int:
+    """The id of a process of this host that has ended."""
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    proc.wait()
+    return proc.pid
+
+
+def plant_look_alikes(folder: Path) -> dict[str, str]:
+    """A user's hidden entries named as temporaries are, or were in earlier versions (a process
+    that no longer runs, this host, 32 hex digits, a marker with another token): files and
+    folders, none of them written by this project. Returns their checksums."""
+    pid, token = dead_pid(), "ab" * 16
+    marker = json.dumps({"token": "cd" * 16, "host": HOST})  # another token than its folder's
+    entries = {
+        ".photos.2024.tmp/a.jpg": b"\xff\xd8 a photo",
+        f".notes.txt.{pid}.tmp": b"my notes\n",
+        f".draft.{pid}@{HOST}.tmp/draft.txt": b"a draft\n",
+        f".m.ckpt.{pid}@{HOST}.tmp": b"PK a checkpoint of mine",
+        f".album.{token}.tmp/b.jpg": b"\xff\xd8 another photo",
+        f".backup.{token}.tmp/transformer-nmt-temporary.json": marker,
+    }
+    for name, data in entries.items():
+        (folder / name).parent.mkdir(parents=True, exist_ok=True)
+        (folder / name).write_bytes(data if isinstance(data, bytes) else data.encode())
+    return checksums(folder)
+
+
+@pytest.mark.slow
+def test_no_command_removes_a_users_entry_that_looks_like_a_temporary(trained, corpus, tmp_path):
+    """Beside a checkpoint and beside an export's target: resuming, exporting, averaging,
+    pruning and evaluating leave every look-alike of a temporary as it was (the sweep removes
+    only folders marked as its own whose writer is gone)."""
+    user = tmp_path / "downloads"
+    user.mkdir()
+    shutil.copy(trained / "checkpoints" / "last.ckpt", user / "m.ckpt")
+    planted = plant_look_alikes(user)
+    hidden = sorted(p.name for p in user.iterdir() if p.name.startswith("."))
+
+    def unchanged() -> None:
+        assert {k: v for k, v in checksums(user).items() if k in planted} == planted
+
+    overrides = [*tiny_overrides(corpus), "trainer.max_steps=18", f"ckpt_path={user / 'm.ckpt'}"]
+    train(compose_cfg(overrides, tmp_path / "resumed"))
+    unchanged()
+    export_ct2([user / "m.ckpt"], user / "model")
+    unchanged()
+    average_main([str(user / "avg.ckpt"), str(user / "m.ckpt"), str(user / "m.ckpt")])
+    prune_main([str(user / "m.ckpt"), str(user / "pruned.ckpt"), "--heads", "cross:0:0"])
+    (user / "in.txt").write_text("a dog runs\n")
+    evaluate(compose_eval_cfg([
+        f"ckpt_path={user / 'm.ckpt'}", f"input={user / 'in.txt'}", f"output={user / 'out.txt'}",
+        "decode=greedy",
+    ], user / "eval"))  # fmt: skip
+    unchanged()
+    assert sorted(p.name for p in user.iterdir() if p.name.startswith(".")) == hidden  # no others
+
+
+def test_an_input_in_the_run_directory_is_refused_before_its_results_are_cleared(tmp_path):
+    """evaluate deletes the results of an earlier run in its run directory when it starts: an
+    input that is one of them (an earlier run's hypotheses.txt translated back, in its run
+    directory) is refused first, and kept."""
+    run = tmp_path / "eval"
+    run.mkdir()
+    (run / "hypotheses.txt").write_text("ein Hund läuft\n")
+    before = checksums(run)
+    hypotheses = run / "hypotheses.txt"
+    with pytest.raises(ConfigError, match=rf"^{hypotheses} is {hypotheses}, where this run writes "
+                       r"its hypotheses.txt: .* \(hydra.run.dir=DIR\)$"):  # fmt: skip
+        evaluate(compose_eval_cfg([f"ckpt_path={tmp_path / 'm.ckpt'}", f"input={hypotheses}"], run))
+    assert checksums(run) == before
+
+
+@pytest.mark.slow
+def test_two_runs_started_at_once_in_one_directory_leave_only_the_winners_record(corpus, tmp_path):
+    """Two train.py started at the same instant in one hydra.run.dir (seeds 1 and 2), three
+    times: one trains, the other is refused by the directory's lock before Hydra writes there,
+    so .hydra/ and train.log are the winner's alone."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    for attempt in range(3):
+        run = tmp_path / f"run{attempt}"
+        procs = {
+            seed: subprocess.Popen(
+                [
+                    sys.executable,
+                    "train.py",
+                    *tiny_overrides(corpus),
+                    f"hydra.run.dir={run}",
+                    f"seed={seed}",
+                    "trainer.max_steps=2",
+                ],
+                cwd=REPO,
+                env=env,
+                stderr=subprocess.PIPE,
+                text=True,
+            )  # fmt: skip
+            for seed in (1, 2)
+        }
+        errors = {seed: proc.communicate(timeout=180)[1] for seed, proc in procs.items()}
+        codes = {seed: proc.returncode for seed, proc in procs.items()}
+        assert sorted(codes.values()) == [0, 1], errors
+        (winner,) = (seed for seed, code in codes.items() if code == 0)
+        loser = 3 - winner
+        assert errors[loser].strip().splitlines()[-1] == (
+            f"error: another run is training in {run} now (it holds the directory's lock); wait "
+            "for it to end, or give this run another directory (hydra.run.dir=DIR)"
+        )
+        assert f"- seed={winner}\n" in (run / ".hydra" / "overrides.yaml").read_text()
+        assert f"\nseed: {winner}\n" in (run / ".hydra" / "config.yaml").read_text()
+        log = (run / "train.log").read_text()
+        assert log.count("[transformer.training.run][INFO] - model:") == 1  # one run's lines
+
+
+EVALUATE_ERRORS = {  # case -> (the files it writes, its overrides, its error)
+    "a prefix longer than the model takes": (
+        {"p.txt": "ein\n" + "ein " * 300 + "\n"},
+        ["prefixes=p.txt", "decode=greedy"],
+        r"prefixes=.*/p\.txt, line 2: the prefix has \d+ pieces; the model's translations take "
+        r"at most 255: shorten it",
+    ),
+    "a constraint the target vocabulary cannot write": (
+        {"c.txt": '[]\n["Hund"]\n'},
+        ["constraints=c.txt"],
+        r"constraints=.*/c\.txt, line 2: constraint 'Hund' has characters the target vocabulary "
+        r"lacks .*; give a phrase the model can write",
+    ),
+    "output= a .gz file": (
+        {},
+        ["output=out.txt.gz", "decode=greedy"],
+        r"output=.*/out\.txt\.gz: results are written as plain text, .*; give a name without "
+        r"\.gz, and gzip the file once it is done",
+    ),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("case", EVALUATE_ERRORS)
+def test_bad_evaluation_input_is_one_line_naming_its_file(case, trained, tmp_path):
+    files, overrides, error = EVALUATE_ERRORS[case]
+    (tmp_path / "in.txt").write_text("a dog runs\nthe man sits\n")
+    for name, text in files.items():
+        (tmp_path / name).write_text(text)
+    overrides = [re.sub(r"=(\w+\.txt(\.gz)?)$", rf"={tmp_path}/\1", o) for o in overrides]
+    cfg = compose_eval_cfg([
+        f"ckpt_path={trained / 'checkpoints' / 'last.ckpt'}", f"input={tmp_path / 'in.txt'}",
+        *overrides,
+    ], tmp_path / "eval")  # fmt: skip
+    with pytest.raises(UserError, match=rf"^{error}$") as raised:
+        evaluate(cfg)
+    assert "\n" not in str(raised.value)
+    assert not (tmp_path / "out.txt.gz").exists()
+
+
+@pytest.mark.slow
+def test_force_starts_fresh_logs_and_keeps_the_earlier_runs_aside(corpus, tmp_path):
+    """train.py force=true in a directory of an earlier run: its checkpoints are deleted, and its
+    logs (train.log, .hydra/, the CSV log) move to replaced/1/, whole, so the new run's logs hold
+    the new run alone."""
+    env = dict(os.environ, PYTHONPATH=str(REPO))
+    run = tmp_path / "run"
+    command = [sys.executable, "train.py", *tiny_overrides(corpus), f"hydra.run.dir={run}"]
+    for extra in (["trainer.max_steps=3"], ["trainer.max_steps=2", "force=true"]):
+        res = subprocess.run([*command, *extra], cwd=REPO, env=env, capture_output=True,
+                             text=True, timeout=180)  # fmt: skip
+        assert res.returncode == 0, res.stderr[-3000:]
+        if "force=true" not in extra:
+            earlier = checksums(run)
+    aside = {k.removeprefix("replaced/1/"): v for k, v in checksums(run).items()
+             if k.startswith("replaced/1/")}  # fmt: skip
+    assert aside == {k: v for k, v in earlier.items() if not k.startswith("checkpoints/")}
+    assert {".hydra/config.yaml", "train.log", "csv/version_0/metrics.csv"} <= set(aside)
+    log = (run / "train.log").read_text()
+    assert log.count("finished at step") == 1 and "finished at step 2" in log
+    assert "- force=true" in (run / ".hydra" / "overrides.yaml").read_text()
+    assert [p.name for p in (run / "csv").iterdir()] == ["version_0"]
+    assert len(logged(run, "train/loss")) == 2

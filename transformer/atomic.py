@@ -1,68 +1,96 @@
-"""Files (and directories) that appear whole or not at all: write a temporary file beside the
-target, fsync it, then rename it over the target (``os.replace`` is atomic within a directory).
+"""Files (and directories) that appear whole or not at all: write a temporary beside the target,
+fsync it, then rename it over the target (``os.replace`` is atomic within a file system).
 
 A crash, a kill or a full disk during the write leaves the previous file untouched, never a
 truncated ``last.ckpt`` or ``metrics.json``. An exception (Ctrl-C included) removes the temporary;
-a killed process (SIGKILL, power loss) leaves it, ``.<name>.<pid>@<host>.tmp``, and
-:func:`sweep_temporaries` removes it once that process is gone.
+a killed process (SIGKILL, power loss) leaves it, and :func:`sweep_temporaries` removes it later.
+
+A temporary can only be ours: each write makes a folder of its own beside the target,
+``.<name>.<token>.tmp/`` (``token``: 32 random hex digits), holding the temporary and a marker
+file (:data:`MARKER`) that repeats the token, names the host, and is locked by the writer while
+it writes. The sweep removes a folder only when its marker matches its name and this host, and
+the lock is free: its writer is gone. Nothing else is touched, whatever its name: a user's
+``.photos.2024.tmp/`` is not ours. The temporaries of earlier versions (``.<name>.<pid>.tmp``,
+``.<name>.<pid>@<host>.tmp``) carry nothing but their name, which a user's file can share: they
+are left alone.
 """
 
 from __future__ import annotations
 
 import contextlib
+import fcntl
+import json
 import os
 import re
+import secrets
 import shutil
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
 import torch
 
 HOST = socket.gethostname()
-# temporary_path's names; also those of earlier versions: no host (this host's), and
-# SentencePiece's files trained under a temporary prefix (.<name>.<pid>.tmp.model and .vocab)
-_TEMPORARY = re.compile(r"\..+\.(?P<pid>\d+)(?:@(?P<host>[^/]+))?\.tmp(?:\.model|\.vocab)?")
+MARKER = "transformer-nmt-temporary.json"  # in each temporary folder: {"token", "host"}
+_FOLDER = re.compile(r"\..+\.(?P<token>[0-9a-f]{32})\.tmp")
 
 
-def temporary_path(path: Path) -> Path:
-    """Where ``path`` is written before it is renamed into place: beside it, hidden, named by
-    this process and host (two writers never share one; :func:`sweep_temporaries` can tell
-    whether its writer still runs)."""
-    return path.with_name(f".{path.name}.{os.getpid()}@{HOST}.tmp")
+@contextlib.contextmanager
+def temporary_folder(path: Path) -> Iterator[Path]:
+    """A new folder beside ``path`` (in its directory: a rename from it to ``path`` is atomic)
+    for the temporaries of one write, marked as ours and locked while the block runs; removed,
+    with what is left in it, when the block ends. A killed process leaves it to
+    :func:`sweep_temporaries`."""
+    token = secrets.token_hex(16)
+    folder = path.with_name(f".{path.name}.{token}.tmp")
+    folder.mkdir()
+    fd = os.open(folder / MARKER, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    try:
+        with contextlib.suppress(OSError):  # a file system without locks: never swept
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, json.dumps({"token": token, "host": HOST}).encode())
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+        os.close(fd)  # the lock goes with it
 
 
 def sweep_temporaries(directory: str | os.PathLike) -> list[Path]:
-    """Remove from ``directory`` the temporaries (:func:`temporary_path`'s files and
-    directories) of writers that were killed: processes of this host that no longer run. Those
-    of running processes, and of other hosts (a shared disk: their processes cannot be seen
-    from here), are kept. Returns the paths removed."""
+    """Remove from ``directory`` the temporary folders (:func:`temporary_folder`) of writers
+    that are gone: those whose marker is ours, of this host, and not locked. A running writer's
+    is kept, and another host's (a shared disk: its writers cannot be seen from here), and any
+    entry without our marker. Returns the folders removed."""
     removed: list[Path] = []
     directory = Path(directory)
     if not directory.is_dir():
         return removed
     for entry in directory.iterdir():
-        match = _TEMPORARY.fullmatch(entry.name)
-        if match is None or match["host"] not in (None, HOST) or _runs(int(match["pid"])):
-            continue
-        if entry.is_dir() and not entry.is_symlink():
+        match = _FOLDER.fullmatch(entry.name)
+        if match is not None and _abandoned(entry, match["token"]):
             shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
-        removed.append(entry)
+            removed.append(entry)
     return removed
 
 
-def _runs(pid: int) -> bool:
-    """Whether process ``pid`` of this host runs (a zombie counts: its parent has not reaped
-    it yet)."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+def _abandoned(folder: Path, token: str) -> bool:
+    """Whether ``folder`` (named with ``token``) is a temporary folder whose writer is gone: a
+    folder, not a link, whose marker names ``token`` and this host, and is not locked."""
+    if folder.is_symlink() or not folder.is_dir():
         return False
-    except PermissionError:  # another user's
-        return True
+    try:
+        fd = os.open(folder / MARKER, os.O_RDONLY | os.O_NOFOLLOW)
+    except OSError:  # no marker: not ours
+        return False
+    try:
+        owner = json.loads(os.read(fd, 4096))
+        if owner["token"] != token or owner["host"] != HOST:
+            return False
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held: its writer runs
+    except (OSError, ValueError, TypeError, KeyError):  # running, or not our marker
+        return False
+    finally:
+        os.close(fd)
     return True
 
 
@@ -70,17 +98,13 @@ def atomic_write(path: str | os.PathLike, write: Callable[[IO[bytes]], Any]) -> 
     """Call ``write(file)`` on a temporary file, then move it to ``path`` in one step."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = temporary_path(path)
-    try:
+    with temporary_folder(path) as folder:
+        tmp = folder / path.name
         with open(tmp, "wb") as f:
             write(f)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            tmp.unlink()
-        raise
     with contextlib.suppress(OSError):  # make the rename itself durable
         _fsync(path.parent)
 
@@ -90,18 +114,18 @@ def atomic_directory(path: str | os.PathLike, write: Callable[[Path], Any]) -> N
     to ``path`` in one step; a failure (a full disk) removes it. If another process (another
     node) moved the same directory into place first, theirs is kept."""
     path = Path(path)
-    tmp = temporary_path(path)
-    shutil.rmtree(tmp, ignore_errors=True)
-    try:
-        write(tmp)
-        for f in [*(p for p in tmp.rglob("*") if p.is_file()), tmp]:
-            _fsync(f)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        if not path.is_dir():
-            raise
-        return  # os.replace refused: ``path`` was put there meanwhile, whole
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with temporary_folder(path) as folder:
+        tmp = folder / path.name
+        try:
+            write(tmp)
+            for f in [*(p for p in tmp.rglob("*") if p.is_file()), tmp]:
+                _fsync(f)
+            os.replace(tmp, path)
+        except BaseException:
+            if not path.is_dir():
+                raise
+            return  # os.replace refused: ``path`` was put there meanwhile, whole
     with contextlib.suppress(OSError):
         _fsync(path.parent)
 

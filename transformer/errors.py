@@ -7,6 +7,10 @@ as they were before the family existed: code that catches those keeps catching t
 
 from __future__ import annotations
 
+import contextlib
+import sys
+from collections.abc import Iterator
+
 
 class UserError(Exception):
     """An error the user can fix; the message names the file, field or option and the fix.
@@ -19,6 +23,15 @@ class ConfigError(UserError, ValueError):
 
 class DataError(UserError, ValueError):
     """Unusable input data; the message says what is wrong and what would fix it."""
+
+
+class GuideError(DataError):
+    """A line's prefix or constraint the model cannot take; ``option`` (``prefixes``,
+    ``constraints``) says which, for the caller that read it from a file to name the file."""
+
+    def __init__(self, message: str, option: str) -> None:
+        super().__init__(message)
+        self.option = option
 
 
 class CheckpointError(UserError, ValueError):
@@ -40,3 +53,13 @@ class Interrupted(TrainingStopped):
     def __init__(self, message: str, signum: int) -> None:
         super().__init__(message)
         self.signum = signum
+
+
+@contextlib.contextmanager
+def one_line_errors() -> Iterator[None]:
+    """A command's body (the scripts of ``bench/`` and ``dev/``): a :class:`UserError` ends it
+    as it ends train.py, one ``error:`` line and exit status 1, no traceback."""
+    try:
+        yield
+    except UserError as err:
+        sys.exit(f"error: {err}")

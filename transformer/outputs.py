@@ -11,12 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
-import shutil
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from transformer.atomic import sweep_temporaries, temporary_path
+from transformer.atomic import sweep_temporaries, temporary_folder
 from transformer.errors import ConfigError
 
 
@@ -113,9 +112,9 @@ def replace_directory(out_dir: str | os.PathLike, write: Callable[[Path], Any]) 
     target = Path(out_dir).resolve()
     target.parent.mkdir(parents=True, exist_ok=True)
     sweep_temporaries(target.parent)  # those of a killed earlier write
-    tmp, old = temporary_path(target), temporary_path(target.with_name(f"{target.name}.old"))
-    tmp.mkdir()
-    try:
+    with temporary_folder(target) as folder:
+        tmp, old = folder / target.name, folder / f"{target.name}.old"
+        tmp.mkdir()
         write(tmp)
         if target.exists():
             extra = sorted({p.name for p in target.iterdir()} - {p.name for p in tmp.iterdir()})
@@ -131,6 +130,3 @@ def replace_directory(out_dir: str | os.PathLike, write: Callable[[Path], Any]) 
             if old.exists():
                 os.replace(old, target)
             raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)

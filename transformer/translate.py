@@ -21,7 +21,7 @@ from transformer.decoding import (
 )
 from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
 from transformer.decoding.scoring import token_log_probs
-from transformer.errors import ConfigError, DataError
+from transformer.errors import ConfigError, DataError, GuideError
 
 
 def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
@@ -47,9 +47,10 @@ def target_prefixes(
     encoded = [tok.encode(p) if p.strip() else [] for p in prefixes]
     for number, ids in enumerate(encoded, start=first + 1):
         if len(ids) >= limit:
-            raise DataError(
-                f"the prefix of line {number} has {len(ids)} pieces; the model's translations "
-                f"take at most {limit - 1}: shorten it"
+            raise GuideError(
+                f"line {number}: the prefix has {len(ids)} pieces; the model's translations "
+                f"take at most {limit - 1}: shorten it",
+                "prefixes",
             )
     return encoded
 
@@ -208,9 +209,10 @@ class Translator:
             encoded = self.tgt_tokenizer.encode(phrase)
             if not encoded or UNK_ID in encoded:
                 what = "is empty" if not encoded else "has characters the target vocabulary lacks"
-                raise DataError(
+                raise GuideError(
                     f"line {line}: constraint {phrase!r} {what} (its SentencePiece pieces: "
-                    f"{self.tgt_tokenizer.pieces(encoded)}); give a phrase the model can write"
+                    f"{self.tgt_tokenizer.pieces(encoded)}); give a phrase the model can write",
+                    "constraints",
                 )
             out.append(encoded)
         return out

@@ -5,6 +5,8 @@ head trends' rows."""
 from __future__ import annotations
 
 import base64
+import copy
+import html
 import json
 import re
 import shutil
@@ -58,7 +60,7 @@ def run_stats(captured) -> dict:
 
 
 def embedded(page: str) -> dict:
-    return json.loads(re.search(r"const DATA = (\{.*\});\n", page).group(1).replace("<\\/", "</"))
+    return json.loads(re.search(r"const DATA = (\{.*\});\n", page).group(1))
 
 
 def test_word_index_starts_words_at_spaces_and_specials() -> None:
@@ -100,6 +102,28 @@ def test_axes_are_cut_to_max_pieces(run, tokenizer) -> None:
     assert shapes["reference"] == [2, 4, 5, 5]
     assert len(record["probes"][0]["src"]["pieces"]) == 5
     assert len(record["probes"][0]["targets"]["reference"]["words"]) == 5
+
+
+# corpus text that, raw in the page's script, would end it or open a comment there
+HOSTILE = "a dog <!--<script> runs </script><b>"
+
+
+def with_source(records: list[dict], source: str) -> list[dict]:
+    """The records with their first probe's source text replaced."""
+    records = copy.deepcopy(records)
+    for record in records:
+        record["probes"][0]["source"] = source
+    return records
+
+
+def test_no_corpus_text_can_end_the_pages_script_or_open_a_comment(run) -> None:
+    """The embedded data holds no ``<`` (a parser's view: nothing in it can end the script, or
+    open a comment or a script inside it, whatever the corpus says) and decodes to the text."""
+    records = with_source(run[2], HOSTILE)
+    page = explorer.render_page(records)
+    data = re.search(r"const DATA = (\{.*\});\n", page).group(1)
+    assert "<" not in data
+    assert json.loads(data) == {"records": records}
 
 
 def test_page_loads_nothing_from_the_network(run) -> None:
@@ -174,6 +198,14 @@ def test_browser_draws_the_chosen_view_and_merges_words_as_stated(run, tmp_path)
     assert state == "step 3|the red car|decoder_self|reference|pieces|0|all"
     (tgt_len,) = {len(r["targets"]["reference"]["pieces"]) for r in record["probes"][1:]}
     assert len(cells) == 4 * tgt_len * tgt_len  # every head of the layer
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(CHROMIUM is None, reason="no chromium installed (apt-get install chromium)")
+def test_browser_draws_a_page_whose_corpus_text_would_open_a_comment(run, tmp_path) -> None:
+    page = explorer.write_page(with_source(run[2], HOSTILE), tmp_path / "explorer.html")
+    state, cells = drawn(browse(page, "type=cross&layer=0&head=0"))
+    assert html.unescape(state).split("|")[1] == HOSTILE and cells
 
 
 @pytest.mark.slow

@@ -220,6 +220,7 @@ def test_sentencepiece_that_does_not_reseed_is_refused(make_dm, monkeypatch):
         ({"alpha": 0.1, "nbest": 64}, "bpe", r"nbest=64 applies to unigram models only: .*=null"),
         ({"alpha": 0.1, "nbest": 1}, "unigram", r"nbest=1 is out of range: -1 .* or 2 to 512"),
         ({"alpha": 0.1, "nbest": 1000}, "unigram", r"nbest=1000 is out of range"),
+        ({"alpha": 0.1, "nbest": 2.5}, "unigram", r"nbest=2\.5 is not an integer: -1 .* or 2 to"),
         ({"nbest": 64}, "unigram", r"nbest=64 without data\.spm_sampling\.alpha"),
         ({"alpha": "high"}, "unigram", r"alpha='high' must be a number"),
         ({"alpha": 0.1, "n_best": 4}, "unigram", r"data\.spm_sampling has no key 'n_best'"),

@@ -36,7 +36,7 @@ class Planted:
 @pytest.mark.slow
 def test_run_info_loads_checkpoints_safely(tmp_path) -> None:
     """gpu_check.py reads last.ckpt as the project does (weights_only: tensors and plain values):
-    a checkpoint carrying pickled code is refused, and the code never runs."""
+    a checkpoint carrying pickled code is refused in one error line, and the code never runs."""
     marker = tmp_path / "ran.txt"
     (tmp_path / "checkpoints").mkdir()
     ckpt = {"state_dict": {}, "hyper_parameters": {"model": {}}, "planted": Planted(marker)}
@@ -46,7 +46,12 @@ def test_run_info_loads_checkpoints_safely(tmp_path) -> None:
         capture_output=True, text=True, cwd=REPO,
     )  # fmt: skip
     assert not marker.exists()
-    assert done.returncode != 0 and "cannot be read" in done.stderr
+    assert done.returncode == 1 and "Traceback" not in done.stderr  # one line, as train.py's
+    assert (
+        done.stderr.strip()
+        .splitlines()[-1]
+        .startswith(f"error: checkpoint {tmp_path / 'checkpoints' / 'last.ckpt'} cannot be read")
+    )
 
 
 @pytest.mark.slow

@@ -102,8 +102,9 @@ def load_records(out_dir: Path) -> list[dict]:
 
 
 def render_page(records: list[dict]) -> str:
-    """The template with ``records`` embedded (``</`` escaped: the data sits in a script)."""
-    data = json.dumps({"records": records}, separators=(",", ":")).replace("</", "<\\/")
+    """The template with ``records`` embedded in its script, every ``<`` written ``\\u003c`` (the
+    same string to JSON): no text of the corpus can end the script or open a comment in it."""
+    data = json.dumps({"records": records}, separators=(",", ":")).replace("<", "\\u003c")
     return TEMPLATE.read_text(encoding="utf-8").replace(PLACEHOLDER, data)
 
 

@@ -23,6 +23,7 @@ import os
 import re
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from transformer.data.hf_source import HFSource
@@ -230,6 +231,11 @@ class CorpusTexts:
         """A split of ``direction`` (a stage alias or a name), in corpus order (index =
         ``Batch.ids``), the source side as the files have it (without :meth:`source_prefix`)."""
         return self.read(self.split_name(split, direction), self.corpus(direction))
+
+    def files(self, split: str, direction: str | None = None) -> list[Path]:
+        """The files a split of ``direction`` (:meth:`pairs`) is read from."""
+        c = self.corpus(direction)
+        return self.corpora[c].source.files(self.split_name(split, direction))
 
     def references(self, split: str, direction: str | None = None) -> list[str]:
         """Target-side texts of a split of ``direction`` (:meth:`pairs`)."""

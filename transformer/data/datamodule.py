@@ -84,6 +84,11 @@ class TranslationDataModule(L.LightningDataModule):
     ) -> None:
         super().__init__()
         check_batching(max_len, max_tokens, batch_size, num_buckets, eval_max_tokens)
+        if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
+            raise ValueError(
+                f"data.num_workers={num_workers!r}: give the number of loader processes, 0 or "
+                "more (0: batches are made in the training process)"
+            )
         if corpora is not None:  # plain lists and dicts: checkpoints load no Hydra containers
             corpora = [dict(e) if isinstance(e, Mapping) else e for e in corpora]
         if spm_sampling is not None:

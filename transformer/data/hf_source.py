@@ -66,6 +66,9 @@ class HFSource(CorpusSource):
     def identity(self, split: str) -> str:
         return f"{self.tag}:{split}:{self._split(split)._fingerprint}"
 
+    def files(self, split: str) -> list[Path]:
+        return [Path(f["filename"]) for f in self._split(split).cache_files]
+
     def origin(self, split: str) -> str:
         return f"{self.tag}[{split}]"
 

@@ -62,6 +62,10 @@ class CorpusSource(ABC):
         """A cheap string that changes whenever the split's data does."""
 
     @abstractmethod
+    def files(self, split: str) -> list[Path]:
+        """The files the split is read from."""
+
+    @abstractmethod
     def origin(self, split: str) -> str:
         """Where the split's pairs come from (files, a dataset), for messages."""
 
@@ -131,6 +135,9 @@ class Multi30kSource(CorpusSource):
                     f"pair; splits are {MULTI30K_SPLITS} (cs lacks the 2017 test sets)"
                 )
         return paths
+
+    def files(self, split: str) -> list[Path]:
+        return list(self._paths(split))
 
     def identity(self, split: str) -> str:
         return file_identity(*self._paths(split))
@@ -207,8 +214,11 @@ class LocalSource(CorpusSource):
             "*.tsv, or *.jsonl (each optionally .gz)"
         )
 
+    def files(self, split: str) -> list[Path]:
+        return [p for group in self._files(split)[1] for p in group]
+
     def identity(self, split: str) -> str:
-        return file_identity(*(p for group in self._files(split)[1] for p in group))
+        return file_identity(*self.files(split))
 
     def origin(self, split: str) -> str:
         kind, groups = self._files(split)

@@ -105,7 +105,12 @@ def sampling_options(options: Mapping[str, Any] | None, model_type: str) -> SpmS
             "turn sampling off"
         )
     nbest = -1 if nbest is None else nbest
-    if type(nbest) is not int or not (nbest == -1 or 2 <= nbest <= MAX_NBEST):
+    if type(nbest) is not int:
+        raise ValueError(
+            f"data.spm_sampling.nbest={nbest!r} is not an integer: -1 (any segmentation, from "
+            f"the whole lattice) or 2 to {MAX_NBEST} (the n best; 64 in Kudo 2018)"
+        )
+    if not (nbest == -1 or 2 <= nbest <= MAX_NBEST):
         raise ValueError(
             f"data.spm_sampling.nbest={nbest!r} is out of range: -1 (any segmentation, from "
             f"the whole lattice) or 2 to {MAX_NBEST} (the n best; 64 in Kudo 2018); 0 and 1 "

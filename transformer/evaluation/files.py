@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -20,19 +20,37 @@ from transformer.data.text_files import line_count, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import ConfigError, DataError
-from transformer.evaluation.guides import ConstraintsMet, input_guides
+from transformer.evaluation.guides import ConstraintsMet, input_guides, named_guides
 from transformer.evaluation.streaming import append_chunks, whole_items
 from transformer.export.ct2_translate import CT2Translator
-from transformer.outputs import check_not_input
+from transformer.outputs import check_not_input, same_file
 from transformer.translate import Translator, output_lines
 
 log = logging.getLogger(__name__)
 
 
-def check_outputs(cfg: DictConfig, checkpoints: list[str]) -> None:
-    """Before any work: ``output`` is neither the input nor a checkpoint nor a directory."""
+RESULTS = ("hypotheses.txt", "metrics.json", "scores.txt")  # a run's, in its run directory
+
+
+def files_read(cfg: DictConfig, checkpoints: list[str]) -> list[str]:
+    """Every file evaluate reads that is known before any work: ``input`` (not standard input),
+    ``prefixes``, ``constraints`` and the checkpoints (each file of an exported model directory,
+    its tokenizers among them). A split's files come with its corpus (:func:`check_outputs`)."""
+    given = [None if cfg.input == "-" else cfg.input, cfg.prefixes, cfg.get("constraints")]
+    files = [str(p) for p in given if p is not None]
+    for path in map(Path, checkpoints):
+        files += (
+            sorted(str(p) for p in path.rglob("*") if p.is_file()) if path.is_dir() else [str(path)]
+        )
+    return files
+
+
+def check_outputs(cfg: DictConfig, out_dir: Path, inputs: Iterable[str | os.PathLike]) -> None:
+    """Before anything is written: ``output`` is none of ``inputs`` (:func:`files_read`, a split's
+    files) and no directory, and no input is a result the run directory gets (:data:`RESULTS`,
+    deleted when the run starts)."""
+    inputs = list(inputs)
     if cfg.output is not None:
-        inputs = [*([] if cfg.input in (None, "-") else [str(cfg.input)]), *checkpoints]
         check_not_input(
             str(cfg.output),
             inputs,
@@ -40,6 +58,13 @@ def check_outputs(cfg: DictConfig, checkpoints: list[str]) -> None:
             "give output= a new file",
             "output={output} is a directory; give output= a file",
         )
+    for given in inputs:
+        for name in RESULTS:
+            if same_file(out_dir / name, given):
+                raise ConfigError(
+                    f"{given} is {out_dir / name}, where this run writes its {name}: it would be "
+                    "deleted before it is read; give the run another directory (hydra.run.dir=DIR)"
+                )
 
 
 def _output(
@@ -116,7 +141,8 @@ def translate_file(
             lines, prefixes = [line for line, _ in items], [p for _, p in items]
         phrases = None if wanted is None else wanted[first : first + len(lines)]
         more = {} if phrases is None else {"constraints": phrases}  # our engine's alone
-        out = translator.translate(lines, options, max_tokens, first, prefixes=prefixes, **more)
+        with named_guides(cfg):
+            out = translator.translate(lines, options, max_tokens, first, prefixes=prefixes, **more)
         if met is not None:
             met.count([t[0].text for t in out], phrases, translator.tgt_tokenizer)
         return output_lines(out, options)
@@ -143,7 +169,9 @@ def score_pairs(
         source = str(cfg.input)
         chunks = ((first, _pairs(chunk, first, source)) for first, chunk in lines)
     else:
-        split = texts().pairs(cfg.split, cfg.direction)
+        corpus = texts()
+        split = corpus.pairs(cfg.split, cfg.direction)
+        check_outputs(cfg, out_dir, corpus.files(cfg.split, cfg.direction))
         pairs = list(zip(split.src, split.tgt, strict=True))
         step, total = cfg.input_chunk, len(pairs)
         path, done = _output(cfg, out_dir, "scores.txt", 1, lambda: total, f"split={cfg.split}")

@@ -5,6 +5,7 @@ in its chunks; the share of constraints met summed for metrics.json."""
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterator, Sequence
 from itertools import zip_longest
@@ -16,7 +17,7 @@ from omegaconf import DictConfig
 from transformer.data.text_files import line_count, read_line_chunks, read_lines
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding import DecodeOptions
-from transformer.errors import ConfigError, DataError
+from transformer.errors import ConfigError, DataError, GuideError
 from transformer.evaluation.terminology import constraints_met, read_constraints
 
 log = logging.getLogger(__name__)
@@ -52,6 +53,16 @@ def check_guides(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
                 f"constraints={path} needs our beam search translating a split or input=FILE; "
                 f"leave out {name} (or the constraints)"
             )
+
+
+@contextlib.contextmanager
+def named_guides(cfg: DictConfig) -> Iterator[None]:
+    """Translating with ``cfg``'s guides: an error about one line's prefix or constraint (the
+    translator's, which knows lines, not files) names its file."""
+    try:
+        yield
+    except GuideError as err:
+        raise DataError(f"{err.option}={cfg[err.option]}, {err}") from err
 
 
 def split_guides(cfg: DictConfig, sentences: int) -> dict[str, list]:

@@ -34,8 +34,19 @@ from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
 from transformer.errors import CheckpointError, ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
-from transformer.evaluation.files import check_outputs, score_pairs, translate_file
-from transformer.evaluation.guides import ConstraintsMet, check_guides, split_guides
+from transformer.evaluation.files import (
+    RESULTS,
+    check_outputs,
+    files_read,
+    score_pairs,
+    translate_file,
+)
+from transformer.evaluation.guides import (
+    ConstraintsMet,
+    check_guides,
+    named_guides,
+    split_guides,
+)
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
 from transformer.translate import Translator
@@ -170,6 +181,11 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
             f"output={cfg.output} is where input=FILE's translations or score=true's scores go; "
             "a split's translations go to hypotheses.txt in the run directory (hydra.run.dir)"
         )
+    if cfg.output is not None and str(cfg.output).endswith(".gz"):
+        raise ConfigError(
+            f"output={cfg.output}: results are written as plain text, a chunk at a time (so that "
+            "a killed run resumes); give a name without .gz, and gzip the file once it is done"
+        )
     if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
         raise ConfigError(f"input={cfg.input}: no such file")
     check_guides(cfg, options, analysis)
@@ -219,9 +235,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
-    check_outputs(cfg, checkpoints)
+    check_outputs(cfg, out_dir, files_read(cfg, checkpoints))
     out_dir.mkdir(parents=True, exist_ok=True)
-    for name in ("hypotheses.txt", "metrics.json", "scores.txt"):  # no earlier run's results
+    for name in RESULTS:  # no earlier run's results
         (out_dir / name).unlink(missing_ok=True)
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
@@ -276,7 +292,8 @@ def _score_split(
     pairs = corpus.pairs(cfg.split, cfg.direction)
     guides = split_guides(cfg, len(pairs.src))  # prefixes=, constraints= (our engine's alone)
     start = time.perf_counter()
-    translated = translator.translate(pairs.src, options, max_tokens, **guides)
+    with named_guides(cfg):
+        translated = translator.translate(pairs.src, options, max_tokens, **guides)
     hypotheses = [t[0].text for t in translated]  # on the host: done
     seconds = time.perf_counter() - start
     if "constraints" in guides:

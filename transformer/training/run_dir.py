@@ -4,9 +4,10 @@ checkpoints there without ``force=true``.
 A new run refuses a directory whose checkpoint folders hold checkpoints (a resumed one, those of
 a run other than the one it resumes); ``force=true`` deletes them first. While a run trains, it
 holds a lock on its run directory: a second run started there meanwhile refuses too (no
-checkpoint is written yet). ``train.py`` checks in a Hydra callback (:class:`RunDirectoryCheck`,
-``configs/hydra/default.yaml``) before Hydra writes its record (``.hydra/``) and log there;
-:func:`transformer.training.run.train` checks again, under the lock, for its callers.
+checkpoint is written yet). ``train.py`` takes the lock and checks in a Hydra callback
+(:class:`RunDirectoryCheck`, ``configs/hydra/default.yaml``) before Hydra writes its record
+(``.hydra/``) and log there, and holds it to its end; :func:`transformer.training.run.train`
+checks again, under the lock, for its callers.
 """
 
 from __future__ import annotations
@@ -42,14 +43,60 @@ def _inside(path: Path, dirs: list[Path]) -> bool:
     return any(d in path.parents for d in dirs)
 
 
+def _continues(cfg: DictConfig) -> bool:
+    """Whether the run resumes from a checkpoint of its own checkpoint folders (it continues the
+    run that wrote them)."""
+    resumed = cfg.get("ckpt_path")
+    return bool(resumed) and _inside(Path(str(resumed)), checkpoint_dirs(cfg))
+
+
 def earlier_checkpoints(cfg: DictConfig) -> list[Path]:
     """The checkpoints of another run in this run's checkpoint folders: all of them for a new run,
     none for a run resumed from one of them (it continues that run)."""
-    dirs = checkpoint_dirs(cfg)
-    resumed = cfg.get("ckpt_path")
-    if resumed and _inside(Path(str(resumed)), dirs):
+    if _continues(cfg):
         return []
-    return sorted(p for d in dirs if d.is_dir() for p in d.glob("*.ckpt"))
+    return sorted(p for d in checkpoint_dirs(cfg) if d.is_dir() for p in d.glob("*.ckpt"))
+
+
+VERSIONED_LOGGERS = ("CSVLogger", "TensorBoardLogger")  # a version_N/ in save_dir/name each run
+
+
+def run_logs(cfg: DictConfig) -> list[Path]:
+    """What a run logs in its run directory beside its checkpoints: Hydra's record and log (where
+    ``cfg`` holds Hydra's config: train.py's), its CSV and TensorBoard loggers' folders and its
+    callbacks' (the attention maps and explorer)."""
+    run = Path(cfg.paths.output_dir)
+    logs = []
+    hydra = cfg.get("hydra")
+    if hydra is not None:
+        logs.append(run / f"{hydra.job.name}.log")
+        if hydra.output_subdir is not None:
+            logs.append(run / str(hydra.output_subdir))
+    for node in (cfg.get("logger") or {}).values():
+        if node and str(node.get("_target_")).rsplit(".", 1)[-1] in VERSIONED_LOGGERS:
+            logs.append(Path(node.save_dir) / str(node.name))
+    callbacks = (cfg.get("callbacks") or {}).values()
+    return logs + [Path(c.out_dir) for c in callbacks if c and c.get("out_dir")]
+
+
+def set_aside_logs(cfg: DictConfig) -> None:
+    """``force=true`` on a run that does not continue the directory's: the earlier run's logs
+    there (:func:`run_logs`) move to ``replaced/<n>/`` in the run directory (the first ``n``
+    free), so that the new run's start fresh and the old are kept."""
+    if not cfg.get("force") or _continues(cfg):
+        return
+    run = Path(cfg.paths.output_dir).resolve()
+    found = [p for p in run_logs(cfg) if p.exists() and run in p.resolve().parents]
+    if not found:
+        return
+    n = 1
+    while (run / "replaced" / str(n)).exists():
+        n += 1
+    for path in found:
+        aside = run / "replaced" / str(n) / path.resolve().relative_to(run)
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        os.replace(path, aside)
+    log.warning("force=true: the earlier run's logs moved to %s", run / "replaced" / str(n))
 
 
 def check_training_run(cfg: DictConfig) -> list[Path]:
@@ -80,37 +127,49 @@ def check_training_run(cfg: DictConfig) -> list[Path]:
     )
 
 
-@contextlib.contextmanager
-def _locked(run_dir: Path) -> Iterator[None]:
-    """The run directory's lock, held until the block ends (or the process does); another run
-    holding it is a :class:`ConfigError`. A file system without locks skips it."""
+_HELD: dict[Path, int] = {}  # run directory -> its locked descriptor, held until the process ends
+
+
+def _lock(run_dir: Path) -> int:
+    """Take the run directory's lock: its open descriptor, which holds it until closed (or the
+    process ends); another run holding it is a :class:`ConfigError`. A file system without
+    locks gives an unlocked one (the checkpoint checks still hold)."""
     fd = os.open(run_dir, os.O_RDONLY)
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise ConfigError(
-                f"another run is training in {run_dir} now (it holds the directory's lock); "
-                "wait for it to end, or give this run another directory (hydra.run.dir=DIR)"
-            ) from None
-        except OSError as err:  # the checkpoint checks still hold
-            log.debug("no lock on %s: %s", run_dir, err)
-        yield
-    finally:
-        os.close(fd)  # releases the lock
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise ConfigError(
+            f"another run is training in {run_dir} now (it holds the directory's lock); "
+            "wait for it to end, or give this run another directory (hydra.run.dir=DIR)"
+        ) from None
+    except OSError as err:
+        log.debug("no lock on %s: %s", run_dir, err)
+    return fd
 
 
 @contextlib.contextmanager
 def claim_training_run(cfg: DictConfig) -> Iterator[None]:
     """Hold the run directory's lock while training (rank 0 only): a second run there refuses.
-    Under the lock the checkpoints are checked again and, with ``force=true``, deleted."""
+    ``train.py`` took it already, before Hydra wrote there (:class:`RunDirectoryCheck`), and
+    keeps it; others take it here. Under the lock the checkpoints are checked again and, with
+    ``force=true``, the earlier run's logs set aside (:func:`set_aside_logs`; train.py's before
+    Hydra wrote there) and its checkpoints deleted."""
     run_dir = Path(cfg.paths.output_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    with _locked(run_dir):
-        for path in check_training_run(cfg):
+    held = _HELD.get(run_dir.resolve())  # train.py's: its logs set aside already
+    fd = held if held is not None else _lock(run_dir)
+    try:
+        found = check_training_run(cfg)
+        if held is None:
+            set_aside_logs(cfg)
+        for path in found:
             log.warning("force=true: deleting %s, an earlier run's checkpoint", path)
             path.unlink()
         yield
+    finally:
+        if held is None:
+            os.close(fd)  # releases the lock
 
 
 # set to a rank other than 0 in the processes that Lightning's DDP, torchrun or SLURM start
@@ -118,8 +177,10 @@ RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID
 
 
 class RunDirectoryCheck(Callback):
-    """Hydra callback: the checks above before Hydra writes to the run directory; a refusal is
-    one ``error:`` line and exit status 1."""
+    """Hydra callback, before Hydra writes to the run directory: takes its lock, held until the
+    process ends (two runs started at once: the second is refused here, not after Hydra wrote
+    its record and log lines), then the checks above, and with ``force=true`` sets the earlier
+    run's logs aside; a refusal is one ``error:`` line and exit status 1."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
         if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
@@ -129,9 +190,15 @@ class RunDirectoryCheck(Callback):
         with read_write(probe), open_dict(probe):
             probe.paths.output_dir = str(out_dir)
         try:
-            if out_dir.is_dir():
-                with _locked(out_dir):
-                    pass
+            out_dir.mkdir(parents=True, exist_ok=True)
+            if out_dir.resolve() not in _HELD:  # (a second Hydra run in this process holds it)
+                _HELD[out_dir.resolve()] = _lock(out_dir)
             check_training_run(probe)
+            set_aside_logs(probe)
         except ConfigError as err:
             sys.exit(f"error: {err}")
+        except OSError as err:
+            sys.exit(
+                f"error: hydra.run.dir={config.hydra.run.dir} cannot be made or opened "
+                f"({err.strerror or err}); choose another directory"
+            )
