@@ -291,13 +291,22 @@ stage1() {
       big) limit=150 extra=() ;;
       *) limit=120 extra=() ;;
     esac
-    rm -f "$WORK/bench_train_$run.json"
-    run_step "$limit" "$bench" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \
-      "${common[@]}" "${extra[@]}" --out "$WORK/bench_train_$run.json"
-    record "bench_train $run" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
+    bench_run "$bench" "$run" "$preset" "$limit" "$WORK/bench_train_$run.json" \
+      "${common[@]}" "${extra[@]}"
     merged+=("$run=$WORK/bench_train_$run.json")
   done
   "${HELP[@]}" merge-json "$OUT_DIR/train_steps.json" "${merged[@]}" >>"$bench" 2>&1 || true
+}
+
+# bench_run LOG NAME PRESET LIMIT JSON [OPTION...]: one bench_train run (its output appended to
+# LOG, its steps to JSON, the caller's compile_env before it) and its summary row.
+bench_run() {
+  local log=$1 name=$2 preset=$3 limit=$4 json=$5
+  shift 5
+  rm -f "$json"
+  run_step "$limit" "$log" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \
+    "$@" --out "$json"
+  record "bench_train $name" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$log")"
 }
 
 # pytest's result lines ("170 passed, 9 skipped in 80s", "179 tests collected in 4s") of the
@@ -496,10 +505,8 @@ stage_step() {
       *) record "bench_train $run" FAIL 0 "unknown run (base, recipe, big, base-graphs)"
         continue ;;
     esac
-    rm -f "$WORK/step_$run.json"
-    run_step "$limit" "$bench" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \
-      "${common[@]}" "${extra[@]}" --out "$WORK/step_$run.json"
-    record "bench_train $run" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$bench")"
+    bench_run "$bench" "$run" "$preset" "$limit" "$WORK/step_$run.json" \
+      "${common[@]}" "${extra[@]}"
     merged+=("$run=$WORK/step_$run.json")
   done
   "${HELP[@]}" merge-json "$OUT_DIR/step_runs.json" "${merged[@]}" >>"$bench" 2>&1 || true
