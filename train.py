@@ -1,27 +1,10 @@
-"""Train a translation model: ``python train.py [group=option ...] [key=value ...]``.
+"""Train a translation model: ``python train.py [group=option ...] [key=value ...]``, the
+``transformer-train`` command of an installed package (:func:`transformer.cli.train_main`).
 
 See the README's Training section; ``python train.py --help`` lists the config groups.
 """
 
-import contextlib
-import sys
-
-import hydra
-from omegaconf import DictConfig
-
-from transformer.errors import UserError
-from transformer.training import train
-
-
-@hydra.main(version_base="1.3", config_path="configs", config_name="train")
-def main(cfg: DictConfig) -> float | None:
-    try:
-        with contextlib.redirect_stdout(sys.stderr):  # progress bars and prints, as the log
-            metrics = train(cfg)
-    except UserError as err:  # the message names the fix; any other exception is a bug
-        sys.exit(f"error: {err}")
-    return metrics.get("val/bleu")  # for sweepers that optimise a value
-
+from transformer.cli import train_main
 
 if __name__ == "__main__":
-    main()
+    train_main()

@@ -53,8 +53,7 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode
 from transformer.decoding.step import backend, use_graphs
-from transformer.evaluation.run import DTYPES
-from transformer.translate import length_batches
+from transformer.translate import DTYPES, length_batches
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # source ids (B, S), output lengths (B,)
 System = Callable[[torch.Tensor, torch.Tensor], object]  # (src, lengths) -> anything

@@ -2,8 +2,8 @@
 MarianMTModel (and eole), on the same batches.
 
 Ours is the training step ``train.py`` runs (bench/product_step.py): the Lightning module and
-Trainer built from configs/train.yaml with the preset's overrides (and --set's), its precision,
-bulk autocast casts, SDPA backends, gradient clipping, fused AdamW and schedule, fed the
+Trainer built from transformer/configs/train.yaml with the preset's overrides (and --set's), its
+precision, bulk autocast casts, SDPA backends, gradient clipping, fused AdamW and schedule, fed the
 product's own batches (its budget, padding and shape buckets), each step timed between
 Lightning's batch hooks. --variant NAME "OVERRIDES" adds "ours, NAME": ours with more train.py
 overrides (compile=true, data.num_buckets=8, model.positions=rope, ...), its batches made by its
@@ -279,7 +279,9 @@ def build_peers(
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--preset", choices=list(PRESETS), default="base")
-    p.add_argument("--model", default=None, help="a configs/model option (default: the preset's)")
+    p.add_argument(
+        "--model", default=None, help="a transformer/configs/model option (default: the preset's)"
+    )
     p.add_argument("--vocab", type=int, default=None, help="the model's (default: the preset's)")
     p.add_argument("--tokens", type=int, default=None, help="batch budget, padding included")
     p.add_argument("--dropout", type=float, default=None, help="default: the preset's")

@@ -1,9 +1,9 @@
 """What one validation costs, part by part, for a trained checkpoint on its validation split: the
 loss pass, greedy decoding of every sentence for val/bleu (at each --max-tokens budget: the
 validation batches' size, validation.max_tokens), BLEU scoring, and one attention-map analysis at
-the recipe's defaults (configs/callbacks/default.yaml): what it costs the training thread (the
-data: probes translated, maps captured, head statistics, the explorer's record, samples) and the
-figures drawn in the worker process, as the training callback does; and, for comparison, the
+the recipe's defaults (transformer/configs/callbacks/default.yaml): what it costs the training
+thread (the data: probes translated, maps captured, head statistics, the explorer's record, samples)
+and the figures drawn in the worker process, as the training callback does; and, for comparison, the
 same figures drawn on the training thread (as before 2026-11-25).
 
     python bench/bench_validation.py OUT/checkpoints/last.ckpt --data ../shared/data/multi30k
@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.figures import Drawing, draw
 from transformer.checkpoints import load_checkpoint, tokenizer_models
+from transformer.configs import CONFIG_DIR
 from transformer.data.datamodule import TranslationDataModule
 from transformer.errors import one_line_errors
 from transformer.metrics import score_translations
@@ -121,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     dm = dms[budgets[0]]
     references = dm.references("val")
     options = OmegaConf.to_container(
-        OmegaConf.load(REPO / "configs" / "callbacks" / "default.yaml").attention_maps
+        OmegaConf.load(CONFIG_DIR / "callbacks" / "default.yaml").attention_maps
     )
     del options["_target_"], options["out_dir"]
     trainer = SimpleNamespace(datamodule=dm, global_step=0, loggers=[])

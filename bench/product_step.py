@@ -1,10 +1,10 @@
 """The product's training step, as the speed scripts run it: the Lightning module and Trainer that
-``train.py`` builds from ``configs/train.yaml`` (:func:`transformer.training.run.build_module`,
-:func:`transformer.training.trainer.build_trainer`), its SDPA backends selected as ``train.py``
-selects them, fed prepared batches. Each step is timed between Lightning's batch hooks
-(:class:`StepClock`): the forward and the loss under the precision plugin's autocast, backward,
-clipping, the optimizer step, the schedule and the step's logging calls; not the fetch of the
-next batch or the loggers' writes between steps.
+``train.py`` builds from ``transformer/configs/train.yaml``
+(:func:`transformer.training.run.build_module`, :func:`transformer.training.trainer.build_trainer`),
+its SDPA backends selected as ``train.py`` selects them, fed prepared batches. Each step is timed
+between Lightning's batch hooks (:class:`StepClock`): the forward and the loss under the precision
+plugin's autocast, backward, clipping, the optimizer step, the schedule and the step's logging
+calls; not the fetch of the next batch or the loggers' writes between steps.
 
 A bench preset is a list of ``train.py`` overrides (:data:`PRESETS`); more come from the command
 line. Batches come from the product's data pipeline: the data module on a corpus, or synthetic
@@ -31,14 +31,13 @@ from omegaconf import DictConfig
 
 from transformer import sdpa_backends
 from transformer.config import TransformerConfig
+from transformer.configs import CONFIG_DIR
 from transformer.data.collate import Batch, Buckets, Collator, padded_sizes
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.tokenizer import PAD_ID
 from transformer.training import config_checks as checks
 from transformer.training.run import build_datamodule, build_module
 from transformer.training.trainer import build_trainer, training_callbacks
-
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 
 # train.py overrides of each preset: transformer-base and -big with a WMT-size joint vocabulary
 # of 32k (the model's; a corpus's ids index the larger table, which costs the same) and 25k-token
@@ -66,9 +65,9 @@ BENCH_RUN = [
 
 
 def compose_config(overrides: Sequence[str], out_dir: Path) -> DictConfig:
-    """``configs/train.yaml`` with these overrides, as ``python train.py`` composes it, for a
-    benchmark run (:data:`BENCH_RUN`) writing nothing outside ``out_dir``."""
-    with initialize_config_dir(str(CONFIGS), version_base="1.3"):
+    """``transformer/configs/train.yaml`` with these overrides, as ``python train.py`` composes it,
+    for a benchmark run (:data:`BENCH_RUN`) writing nothing outside ``out_dir``."""
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return compose("train", overrides=[f"paths.output_dir={out_dir}", *BENCH_RUN, *overrides])
 
 
@@ -274,8 +273,8 @@ class Product:
 
 
 def product(overrides: Sequence[str], out_dir: Path | None = None) -> Product:
-    """:class:`Product` of ``configs/train.yaml`` with ``overrides`` (a temporary run directory
-    unless ``out_dir``)."""
+    """:class:`Product` of ``transformer/configs/train.yaml`` with ``overrides`` (a temporary run
+    directory unless ``out_dir``)."""
     out = Path(out_dir or tempfile.mkdtemp(prefix="bench-run-"))
     return Product(compose_config(overrides, out))
 

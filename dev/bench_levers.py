@@ -176,11 +176,12 @@ def score(ckpt: str, data: Path, split: str, out: Path, dry: bool) -> dict[str, 
     """``evaluate.py ckpt_path=ckpt data.root=data split=split`` in this process: its metrics."""
     from hydra import compose, initialize_config_dir
 
+    from transformer.configs import CONFIG_DIR
     from transformer.evaluation import evaluate
 
     overrides = [f"ckpt_path='{ckpt}'", f"data.root={data}", f"split={split}",
                  f"paths.output_dir={out}", *(["decode.beam_size=2"] if dry else [])]  # fmt: skip
-    with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+    with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return evaluate(compose("evaluate", overrides=overrides))
 
 

@@ -560,7 +560,7 @@ stage_recipe() {
     fi
     n=$(($(find "$run" -maxdepth 1 -name 'fit-profile_call*.txt' | wc -l) + 1))
     calls=$((calls + 1))
-    # The recipe exactly as configs/experiment/multi30k_en_de.yaml has it (attention maps on),
+    # The recipe exactly as transformer/configs/experiment/multi30k_en_de.yaml has it (attention maps on),
     # plus: csv logs, no progress bar (a readable log), and Lightning's simple profiler written
     # to a file (per-hook times: the attention maps' cost among them). No trainer.max_time: the
     # schedule decays over the recipe's updates, and a time limit would end it within the call.

@@ -1,5 +1,5 @@
 """The configuration reference, docs/configuration.md, documents every key of every file in
-configs/, and the documentation site builds without a warning."""
+transformer/configs/, and the documentation site builds without a warning."""
 
 import re
 import shutil
@@ -10,8 +10,10 @@ from pathlib import Path
 import pytest
 import yaml
 
+from transformer.configs import CONFIG_DIR
+
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ROOT / "configs"
+CONFIGS = CONFIG_DIR
 REFERENCE = ROOT / "docs" / "configuration.md"
 
 
@@ -28,8 +30,8 @@ def leaf_keys(node: object, prefix: str) -> list[str]:
 
 
 def config_keys(configs: Path) -> dict[str, list[str]]:
-    """Each config file's keys as a user sets them: configs/<group>/<option>.yaml's under
-    `<group>.` (an `@package _global_` overlay's as written), train.yaml's and evaluate.yaml's
+    """Each config file's keys as a user sets them: transformer/configs/<group>/<option>.yaml's
+    under `<group>.` (an `@package _global_` overlay's as written), train.yaml's and evaluate.yaml's
     as written."""
     keys = {}
     for path in sorted(configs.rglob("*.yaml")):

@@ -30,6 +30,7 @@ from transformer import atomic
 from transformer.atomic import HOST
 from transformer.checkpoints import average_checkpoints, load_checkpoint
 from transformer.checkpoints import main as average_main
+from transformer.configs import CONFIG_DIR
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss, UserError
 from transformer.evaluation import evaluate
@@ -852,7 +853,7 @@ def test_two_launches_in_the_same_second_get_run_directories_of_their_own(comman
     (a sweep's, a script's) no longer share one directory, checkpoints and log."""
     dirs = []
     for _ in range(2):
-        with initialize_config_dir(str(REPO / "configs"), version_base="1.3"):
+        with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
             cfg = compose(command, overrides=["ckpt_path=x"], return_hydra_config=True)
         dirs.append(cfg.hydra.run.dir)
     assert all(re.search(r"/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}$", d) for d in dirs), dirs
@@ -976,7 +977,7 @@ from hydra import compose, initialize_config_dir
 from transformer.evaluation import evaluate
 from transformer.export.ct2 import export_ct2
 from transformer.prune import main as prune_main
-with initialize_config_dir("{REPO / "configs"}", version_base="1.3"):
+with initialize_config_dir("{CONFIG_DIR}", version_base="1.3"):
     cfg = compose("evaluate", overrides=["ckpt_path={workspace / CKPT}",
                   "input={workspace / "s.txt"}", "decode=greedy",
                   "paths.output_dir={tmp_path / "eval"}"])

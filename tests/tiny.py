@@ -12,6 +12,7 @@ from hydra import compose, initialize_config_dir
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer import Transformer, TransformerConfig
+from transformer.configs import CONFIG_DIR
 from transformer.data.collate import Batch, Collator
 from transformer.data.synthetic import (  # noqa: F401 (the tests' names for them)
     SPLITS,
@@ -22,7 +23,7 @@ from transformer.data.synthetic import (  # noqa: F401 (the tests' names for the
 )
 
 REPO = Path(__file__).resolve().parents[1]
-CONFIGS = REPO / "configs"
+CONFIGS = CONFIG_DIR
 
 TINY_VOCAB = 64  # SentencePiece pieces that the corpus fills
 DATA_SPLITS = {"train": 300, "val": 30, "test": 25}  # the data tests' corpus (data_pairs)
@@ -131,14 +132,16 @@ def tiny_overrides(corpus: Path) -> list[str]:
 
 
 def compose_cfg(overrides: list[str], out_dir: Path | None = None):
-    """``configs/train.yaml`` with these overrides, as ``python train.py`` composes it."""
+    """``transformer/configs/train.yaml`` with these overrides, as ``python train.py`` composes
+    it."""
     out = [f"paths.output_dir={out_dir}"] if out_dir is not None else ["paths.output_dir=unused"]
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("train", overrides=[*out, *overrides])
 
 
 def compose_eval_cfg(overrides: list[str], out_dir: Path):
-    """``configs/evaluate.yaml`` with these overrides, as ``python evaluate.py`` composes it."""
+    """``transformer/configs/evaluate.yaml`` with these overrides, as ``python evaluate.py``
+    composes it."""
     with initialize_config_dir(str(CONFIGS), version_base="1.3"):
         return compose("evaluate", overrides=[f"paths.output_dir={out_dir}", *overrides])
 

@@ -15,6 +15,13 @@ import torch
 from torch import Tensor, nn
 
 
+def cuda_has_bf16() -> bool:
+    """Whether the CUDA GPU computes bf16 natively (compute capability 8.0 and up, e.g. A100,
+    H100). Older ones (V100, T4) only emulate it, slowly: ``torch.cuda.is_bf16_supported()``
+    says True there by default, so ``auto`` precision asks without emulation."""
+    return torch.cuda.is_bf16_supported(including_emulation=False)
+
+
 def compute_dtype(x: Tensor) -> torch.dtype:
     """The dtype products of activations like ``x`` run in: autocast's where it is on for x's
     device, else x's own."""

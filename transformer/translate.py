@@ -3,11 +3,19 @@ the teacher-forced scores and word alignments of given translations."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from transformer.checkpoints import (
+    load_ensemble,
+    load_or_average,
+    model_from_checkpoint,
+    tokenizers_from_checkpoint,
+)
 from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer, word_index
 from transformer.decoding import (
@@ -22,6 +30,7 @@ from transformer.decoding import (
 from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
 from transformer.decoding.scoring import token_log_probs
 from transformer.errors import ConfigError, DataError, GuideError
+from transformer.precision import cuda_has_bf16
 
 
 def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
@@ -135,6 +144,55 @@ def decode_batch(
     ]
 
 
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def decoding_device(name: str) -> torch.device:
+    """The device to decode on (``device=``): auto (a GPU where there is one), cpu or cuda."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ConfigError("device=cuda, but no GPU is available; use device=cpu or device=auto")
+    return torch.device(name)
+
+
+def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
+    """The weights' type while decoding (``dtype=``; auto: bf16 on a GPU that computes it
+    natively, fp16 on one that does not (:func:`transformer.precision.cuda_has_bf16`), float32
+    on the CPU); log-probabilities and beam scores are float32 whatever it is
+    (:class:`transformer.decoding.step.Stepper`)."""
+    if name == "auto":
+        if device.type != "cuda":
+            return torch.float32
+        return torch.bfloat16 if cuda_has_bf16() else torch.float16
+    if name not in DTYPES:
+        raise ConfigError(f"dtype={name} is not one of auto | {' | '.join(DTYPES)}")
+    if name == "float16" and device.type == "cpu":
+        raise ConfigError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
+                          "dtype=bfloat16")  # fmt: skip
+    if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
+        raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
+    return DTYPES[name]
+
+
+def load_translator(
+    paths: Sequence[str | os.PathLike], ensemble: bool, device: torch.device, dtype: torch.dtype
+) -> tuple[Translator, dict[str, Any]]:
+    """The translator of checkpoints written by ``train.py`` (their average, or with
+    ``ensemble`` each its own model) with the tokenizers they carry, on ``device`` in
+    ``dtype``; and the first checkpoint."""
+    if ensemble:
+        ckpts, names = load_ensemble(paths), list(paths)
+    else:
+        ckpts, names = [load_or_average(paths)], list(paths[:1])
+    src_tok, tgt_tok = tokenizers_from_checkpoint(ckpts[0], paths[0])
+    models = [
+        model_from_checkpoint(c, name).to(device, dtype)
+        for c, name in zip(ckpts, names, strict=True)
+    ]
+    return Translator(models, src_tok, tgt_tok), ckpts[0]
+
+
 class Translator:
     """Translates and scores lines with one model or an ensemble (a list of models, decoded on
     their mean probabilities); ``model`` is the first, the one attention analysis reads."""
@@ -148,6 +206,24 @@ class Translator:
         self.device = next(self.model.parameters()).device
         self.max_positions = min(m.cfg.max_positions for m in self.models)
         self.pad_id = self.model.cfg.pad_id
+
+    @classmethod
+    def from_checkpoint(
+        cls,
+        *paths: str | os.PathLike,
+        ensemble: bool = False,
+        device: str = "auto",
+        dtype: str = "auto",
+    ) -> Translator:
+        """The translator of one checkpoint written by ``train.py``, or of several: their
+        average, or with ``ensemble`` each its own model, decoded on their mean probabilities;
+        with the tokenizers the first carries. ``device``: auto (a GPU where there is one), cpu
+        or cuda; ``dtype``: auto (bf16 on a GPU that computes it natively, fp16 on an older
+        one, float32 on a CPU), float32, bfloat16 or float16 (as ``evaluate.py``'s)."""
+        if not paths:
+            raise ValueError("Translator.from_checkpoint needs the path of a checkpoint")
+        where = decoding_device(device)
+        return load_translator(paths, ensemble, where, decoding_dtype(dtype, where))[0]
 
     def translate(
         self,

@@ -17,13 +17,14 @@ from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
 from tests.tiny import DATA_SPLITS, TINY_VOCAB, data_pairs, prepared_datamodule, write_lines
+from transformer.configs import CONFIG_DIR
 from transformer.data import datamodule as dm_module
 from transformer.data import prepare
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import EOS_ID, PAD_ID, Tokenizer
 from transformer.errors import DataError
 
-CONFIGS = Path(__file__).resolve().parents[2] / "configs" / "data"
+CONFIGS = CONFIG_DIR / "data"
 
 
 def ids_of(loader) -> list[int]:

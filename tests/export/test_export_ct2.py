@@ -36,7 +36,6 @@ ctranslate2 = pytest.importorskip(
     "ctranslate2", reason='CTranslate2 is optional: pip install -e ".[export]"'
 )
 
-CONFIGS = Path(__file__).resolve().parents[1] / "configs"
 EN = "a the man woman dog cat child red blue big small runs sits eats on in near park street ball"
 DE = "ein der mann frau hund katze kind rot blau groß klein läuft sitzt isst auf in bei park straße ball"  # noqa: E501
 MAP = dict(zip(EN.split(), DE.split(), strict=True))

@@ -133,3 +133,28 @@ def test_cpu_bf16_detection_reads_the_instruction_set():
     if flags is None:
         pytest.skip("no /proc/cpuinfo to compare with")
     assert trainer.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & set(flags))
+
+
+@pytest.mark.parametrize("major, train_precision, decode_dtype", [
+    (7, "16-mixed", torch.float16),  # V100, T4: bf16 only emulated
+    (8, "bf16-mixed", torch.bfloat16),  # A100 and later
+    (9, "bf16-mixed", torch.bfloat16),
+])  # fmt: skip
+def test_auto_precision_on_a_gpu_takes_bf16_only_where_it_is_native(
+    monkeypatch, major, train_precision, decode_dtype
+):
+    """A stubbed CUDA device of compute capability major.0 on which bf16 tensors can be made
+    (the emulation older GPUs have): training's and decoding's ``auto`` pick bf16 from 8.0 on,
+    fp16 (with a GradScaler in training) below."""
+    from types import SimpleNamespace
+
+    from transformer.translate import decoding_dtype
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda d: SimpleNamespace(major=major))
+    monkeypatch.setattr(torch.cuda, "_check_bf16_tensor_supported", lambda d: True)
+    monkeypatch.setattr(torch.version, "hip", None)
+    cfg = compose_cfg(["trainer.accelerator=gpu", "trainer.precision=auto"])
+    assert trainer.resolve_precision(cfg.trainer) == train_precision
+    assert decoding_dtype("auto", torch.device("cuda")) == decode_dtype

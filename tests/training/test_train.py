@@ -103,8 +103,8 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     assert list(other.tags) == ["multi30k", "de-en"]
 
 
-# What configs/data/*.yaml compose to (the files inherit shared keys: data/_shared.yaml): every
-# source's keys.
+# What transformer/configs/data/*.yaml compose to (the files inherit shared keys:
+# data/_shared.yaml): every source's keys.
 DATA_KEYS = {
     "_target_": "transformer.data.datamodule.TranslationDataModule", "src_lang": "en",
     "tgt_lang": "de", "train_split": "train", "vocab_size": 8000, "spm_model_type": "unigram",
@@ -124,7 +124,7 @@ DATA_SOURCES = {
 
 @pytest.mark.parametrize("option", MODELS)
 def test_every_model_option_builds_a_transformer_of_its_config(option):
-    """Each configs/model/*.yaml, composed as train.py composes it, spells out every
+    """Each transformer/configs/model/*.yaml, composed as train.py composes it, spells out every
     ``TransformerConfig`` field (a model is edited in its file alone), validates, takes its
     vocabularies from the data, and builds a Transformer of that shape."""
     cfg = compose_cfg([f"model={option}", "~experiment"])
@@ -153,7 +153,7 @@ def test_data_options_compose_to_their_source_and_the_shared_keys(option):
 
 
 def test_decode_configs_spell_out_the_decode_options_defaults():
-    """configs/decode/ lists every DecodeOptions field (for ``decode.x=`` and
+    """transformer/configs/decode/ lists every DecodeOptions field (for ``decode.x=`` and
     ``validation.decoding.x=`` overrides) with the dataclass's defaults."""
     validation = compose_cfg([]).validation.decoding
     assert dict(validation) == asdict(DecodeOptions(strategy="greedy"))

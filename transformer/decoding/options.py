@@ -1,5 +1,6 @@
 """How to decode: the one options type of greedy decoding, beam search, sampling, evaluation's
-``decode.*`` and training's ``validation.decoding.*`` (both composed from ``configs/decode/``)."""
+``decode.*`` and training's ``validation.decoding.*`` (both composed from
+``transformer/configs/decode/``)."""
 
 from __future__ import annotations
 

@@ -22,12 +22,6 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
-from transformer.checkpoints import (
-    load_ensemble,
-    load_or_average,
-    model_from_checkpoint,
-    tokenizers_from_checkpoint,
-)
 from transformer.data.corpora import CorpusTexts
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
@@ -49,38 +43,9 @@ from transformer.evaluation.guides import (
 )
 from transformer.export.ct2_translate import CT2Translator
 from transformer.metrics import score_translations
-from transformer.translate import Translator
+from transformer.translate import Translator, decoding_device, decoding_dtype, load_translator
 
 log = logging.getLogger(__name__)
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda, but no GPU is available; use device=cpu or device=auto")
-    return torch.device(name)
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _dtype(name: str, device: torch.device) -> torch.dtype:
-    """The weights' type while decoding (``dtype=``; auto: bf16 on a GPU, fp16 on one without
-    bf16, float32 on the CPU); log-probabilities and beam scores are float32 whatever it is
-    (:class:`transformer.decoding.step.Stepper`)."""
-    if name == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
-    if name not in DTYPES:
-        raise ConfigError(f"dtype={name} is not one of auto | {' | '.join(DTYPES)}")
-    if name == "float16" and device.type == "cpu":
-        raise ConfigError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
-                          "dtype=bfloat16")  # fmt: skip
-    if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
-    return DTYPES[name]
 
 
 def decoding_backend(options: DecodeOptions, device: torch.device, dtype: torch.dtype) -> str:
@@ -126,16 +91,8 @@ def _torch_translator(
     """engine=torch: the translator of the checkpoints ``ckpt_path`` (their average, or with
     ``ensemble=true`` each its own model), the first checkpoint, and the paths."""
     paths = checkpoint_paths(cfg.ckpt_path)
-    if cfg.ensemble:
-        ckpts, names = load_ensemble(paths), paths
-    else:
-        ckpts, names = [load_or_average(paths)], paths[:1]
-    src_tok, tgt_tok = tokenizers_from_checkpoint(ckpts[0], paths[0])
-    models = [
-        model_from_checkpoint(c, name).to(device, dtype)
-        for c, name in zip(ckpts, names, strict=True)
-    ]
-    return Translator(models, src_tok, tgt_tok), ckpts[0], paths
+    translator, ckpt = load_translator(paths, cfg.ensemble, device, dtype)
+    return translator, ckpt, paths
 
 
 def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
@@ -228,8 +185,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     analysis = cfg.get("analysis")
     check_analysis(analysis)
     _check_modes(cfg, options, analysis)
-    device = _device(cfg.device)
-    dtype = _dtype(cfg.dtype, device)
+    device = decoding_device(cfg.device)
+    dtype = decoding_dtype(cfg.dtype, device)
     use_graphs(options, device)  # decode.graphs=true needs a GPU: said before any work
     fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
     out_dir = Path(cfg.paths.output_dir)

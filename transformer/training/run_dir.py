@@ -5,8 +5,8 @@ A new run refuses a directory whose checkpoint folders hold checkpoints (a resum
 a run other than the one it resumes); ``force=true`` deletes them first. While a run trains, it
 holds a lock on its run directory: a second run started there meanwhile refuses too (no
 checkpoint is written yet). ``train.py`` takes the lock and checks in a Hydra callback
-(:class:`RunDirectoryCheck`, ``configs/hydra/default.yaml``) before Hydra writes its record
-(``.hydra/``) and log there, and holds it to its end; :func:`transformer.training.run.train`
+(:class:`RunDirectoryCheck`, ``transformer/configs/hydra/default.yaml``) before Hydra writes its
+record (``.hydra/``) and log there, and holds it to its end; :func:`transformer.training.run.train`
 checks again, under the lock, for its callers.
 """
 

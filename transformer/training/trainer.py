@@ -16,6 +16,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
+from transformer.precision import cuda_has_bf16
 from transformer.training.callbacks import AtomicCheckpointIO, WeightEMA
 
 log = logging.getLogger(__name__)
@@ -36,14 +37,15 @@ def cpu_has_fast_bf16() -> bool:
 
 
 def resolve_precision(trainer_cfg: DictConfig) -> str:
-    """``auto``: bf16-mixed on a GPU that has bf16 (else 16-mixed); on CPU bf16-mixed where it
-    has bf16 instructions (:func:`cpu_has_fast_bf16`), else 32-true. The choice is logged; any
-    other value is kept as it is."""
+    """``auto``: bf16-mixed on a GPU that computes bf16 natively (:func:`cuda_has_bf16`; else
+    16-mixed, with a GradScaler); on CPU bf16-mixed where it has bf16 instructions
+    (:func:`cpu_has_fast_bf16`), else 32-true. The choice is logged; any other value is kept as
+    it is."""
     precision = str(trainer_cfg.get("precision", "auto"))
     if precision != "auto":
         return precision
     if on_gpu(trainer_cfg):
-        precision = "bf16-mixed" if torch.cuda.is_bf16_supported() else "16-mixed"
+        precision = "bf16-mixed" if cuda_has_bf16() else "16-mixed"
         log.info("trainer.precision=auto: %s on this GPU", precision)
     elif cpu_has_fast_bf16():
         precision = "bf16-mixed"
