@@ -31,13 +31,13 @@ import sacrebleu
 import torch
 
 from transformer.checkpoints import (
+    checkpoint_paths,
     load_or_average,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
 from transformer.decoding import DecodeOptions
 from transformer.errors import one_line_errors
-from transformer.evaluation.run import checkpoint_paths
 from transformer.translate import Translator
 
 TEST_SETS = "test_2016_flickr,test_2017_flickr,test_2017_mscoco"

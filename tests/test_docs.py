@@ -31,14 +31,16 @@ def leaf_keys(node: object, prefix: str) -> list[str]:
 
 def config_keys(configs: Path) -> dict[str, list[str]]:
     """Each config file's keys as a user sets them: transformer/configs/<group>/<option>.yaml's
-    under `<group>.` (an `@package _global_` overlay's as written), train.yaml's and evaluate.yaml's
-    as written."""
+    under `<group>.` (a nested group's, callbacks/early_stopping/, under its path:
+    `callbacks.early_stopping.`; an `@package _global_` overlay's as written), train.yaml's and
+    evaluate.yaml's as written."""
     keys = {}
     for path in sorted(configs.rglob("*.yaml")):
         text = path.read_text()
         rel = path.relative_to(configs)
         top = len(rel.parts) == 1 or "@package _global_" in text
-        keys[str(rel)] = leaf_keys(yaml.safe_load(text) or {}, "" if top else rel.parts[0])
+        package = "" if top else ".".join(rel.parts[:-1])
+        keys[str(rel)] = leaf_keys(yaml.safe_load(text) or {}, package)
     return keys
 
 

@@ -12,6 +12,7 @@ indexed by global rank) and the count of NaN/inf steps skipped (``skipped_steps`
 from __future__ import annotations
 
 import argparse
+import glob
 import logging
 import os
 import random
@@ -123,6 +124,37 @@ def _torch_load(path: Path, mmap: bool = False) -> Any:
             f"checkpoint {path} cannot be read, it is truncated or not a checkpoint "
             f"({type(err).__name__}: {str(err).splitlines()[0]})"
         ) from err
+
+
+def checkpoint_paths(given: Any, option: str = "ckpt_path") -> list[str]:
+    """The checkpoints ``given`` names (as ``option=``): one path, a list, or glob patterns (their
+    matches, sorted)."""
+    entries = [given] if isinstance(given, str | os.PathLike) else list(given)
+    paths = []
+    for entry in map(str, entries):
+        if glob.has_magic(entry):
+            matches = sorted(glob.glob(entry))
+            if not matches:
+                hint = _no_match_hint(entry, option)
+                raise CheckpointError(f"{option}={entry} matches no file{hint}")
+            paths += matches
+        else:
+            paths.append(entry)
+    return paths
+
+
+def _no_match_hint(pattern: str, option: str) -> str:
+    """Where the pattern's folder (or the one above) holds a ``last.ckpt``, as a training run's
+    ``checkpoints/epochs/`` does: a run shorter than one epoch keeps no epoch checkpoints."""
+    folder = Path(pattern).parent
+    use = "evaluate it with" if option == "ckpt_path" else "start from it with"
+    for last in (folder / "last.ckpt", folder.parent / "last.ckpt"):
+        if not glob.has_magic(str(last)) and last.is_file():
+            return (
+                f"; {last} exists (epoch checkpoints are kept for complete epochs only, so a run "
+                f"shorter than one epoch has none): {use} {option}={last}"
+            )
+    return ""
 
 
 def load_checkpoint(path: str | os.PathLike, mmap: bool = False) -> dict[str, Any]:

@@ -9,7 +9,6 @@ Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
 
 from __future__ import annotations
 
-import glob
 import json
 import logging
 import time
@@ -18,15 +17,16 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from omegaconf import DictConfig, ListConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from transformer.analysis.run import check_analysis, run_analysis
 from transformer.atomic import atomic_write_text
+from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import backend, use_graphs
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
 from transformer.evaluation.files import (
     RESULTS,
@@ -55,34 +55,6 @@ def decoding_backend(options: DecodeOptions, device: torch.device, dtype: torch.
 
 def _name(dtype: torch.dtype) -> str:
     return str(dtype).removeprefix("torch.")
-
-
-def checkpoint_paths(ckpt_path: Any) -> list[str]:
-    """The checkpoints ``ckpt_path`` names: one path, a list, or glob patterns (sorted matches)."""
-    given = list(ckpt_path) if isinstance(ckpt_path, (list, ListConfig)) else [ckpt_path]
-    paths = []
-    for entry in map(str, given):
-        if glob.has_magic(entry):
-            matches = sorted(glob.glob(entry))
-            if not matches:
-                raise CheckpointError(f"ckpt_path={entry} matches no file{_no_match_hint(entry)}")
-            paths += matches
-        else:
-            paths.append(entry)
-    return paths
-
-
-def _no_match_hint(pattern: str) -> str:
-    """Where the pattern's folder (or the one above) holds a ``last.ckpt``, as a training run's
-    ``checkpoints/epochs/`` does: a run shorter than one epoch keeps no epoch checkpoints."""
-    folder = Path(pattern).parent
-    for last in (folder / "last.ckpt", folder.parent / "last.ckpt"):
-        if not glob.has_magic(str(last)) and last.is_file():
-            return (
-                f"; {last} exists (epoch checkpoints are kept for complete epochs only, so a run "
-                f"shorter than one epoch has none): evaluate it with ckpt_path={last}"
-            )
-    return ""
 
 
 def _torch_translator(

@@ -23,6 +23,7 @@ from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.options import validation_decoding
 from transformer.model import Transformer
 from transformer.precision import AutocastWeights
+from transformer.training.freeze import freeze as freeze_parts
 from transformer.training.loggers import host_scalar, logs_after
 from transformer.training.loss import (
     LOSS_KERNELS,
@@ -73,6 +74,8 @@ class TranslationModule(L.LightningModule):
             ``aot_eager`` traces the same forward and backward graphs and runs them eagerly.
         shape_buckets: how many shapes training batches are padded to (``data.num_buckets``;
             :class:`transformer.data.collate.Buckets`); 0 = any shape.
+        freeze: parts of the model kept fixed (``embeddings``, ``encoder``, ``decoder``,
+            ``output``: :func:`transformer.training.freeze.freeze`), e.g. while fine-tuning.
     """
 
     def __init__(
@@ -89,11 +92,13 @@ class TranslationModule(L.LightningModule):
         compile_model: bool | Literal["layers"] = False,
         compile_backend: str = "inductor",
         shape_buckets: int = 0,
+        freeze: list[str] | None = None,
     ) -> None:
         super().__init__()
         self.save_hyperparameters(ignore=["optimizer", "scheduler"])
         self.cfg = TransformerConfig(**model)
         self.model = Transformer(self.cfg)
+        freeze_parts(self.model, freeze or [])
         self.compile_model, self.compile_backend = compile_model, compile_backend
         self.shape_buckets = shape_buckets
         # Made at the first step, on the device (transformer.training.step.compiled_hidden_states)

@@ -105,10 +105,15 @@ def _corpora(data: Mapping[str, Any]) -> list[dict[str, Any]]:
 
 
 def check_model(
-    stored: Mapping[str, Any], model: TransformerConfig, path: str | os.PathLike
+    stored: Mapping[str, Any],
+    model: TransformerConfig,
+    path: str | os.PathLike,
+    option: str = "ckpt_path",
+    instead: str = f"resume with {{fix}}, {NEW_RUN}",
 ) -> None:
     """Every model option but :data:`FREE_MODEL_OPTIONS` as the checkpoint has it; the vocabulary
-    sizes are set by ``data.vocab_size``."""
+    sizes are set by ``data.vocab_size``. The message names the checkpoint as ``option=path``
+    and ends with ``instead``, its ``{fix}`` the options to set."""
     given = model.to_dict()
     try:
         stored = TransformerConfig(**stored).to_dict()  # its defaults filled in (num_kv_heads)
@@ -126,7 +131,8 @@ def check_model(
     }
     was = " ".join(f"model.{k}={show(stored[k])}" for k in differ)
     now = " ".join(f"model.{k}={show(given[k])}" for k in differ)
+    fix = " ".join(f"{k}={v}" for k, v in fix.items())
     raise ConfigError(
-        f"ckpt_path={path} holds a model with {was}, but this run's has {now}; resume with "
-        f"{' '.join(f'{k}={v}' for k, v in fix.items())}, {NEW_RUN}"
+        f"{option}={path} holds a model with {was}, but this run's has {now}; "
+        + instead.format(fix=fix)
     )

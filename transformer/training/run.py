@@ -28,6 +28,7 @@ from transformer.data.datamodule import TranslationDataModule
 from transformer.errors import ConfigError
 from transformer.training import config_checks as checks
 from transformer.training import run_dir
+from transformer.training.finetune import initial_checkpoint, initial_weights
 from transformer.training.lit_module import TranslationModule
 from transformer.training.resume import check_resume
 from transformer.training.trainer import (
@@ -92,9 +93,13 @@ def resume_from(
         datamodule.use_tokenizers(models["src"], models["tgt"], checkpoint=cfg.ckpt_path)
 
 
-def adopt_pruned_heads(cfg: DictConfig, model: dict[str, Any]) -> None:
+def adopt_pruned_heads(
+    cfg: DictConfig, model: dict[str, Any], option: str = "ckpt_path", name: str | None = None
+) -> None:
     """A checkpoint pruned by ``python -m transformer.prune`` has fewer heads in some layers: a
-    run resumed from it takes its ``model.heads_per_layer`` (given, it must agree)."""
+    run resumed (or started) from it takes its ``model.heads_per_layer`` (given, it must agree).
+    ``option=name`` names the checkpoint in messages (default: ``ckpt_path``'s)."""
+    name = cfg.get(option) if name is None else name
     stored = model.get("heads_per_layer")
     given = cfg.model.get("heads_per_layer")
     given = None if given is None else OmegaConf.to_container(given)
@@ -103,12 +108,12 @@ def adopt_pruned_heads(cfg: DictConfig, model: dict[str, Any]) -> None:
     if given is not None:
         held = stored if stored is not None else "every head: it is not pruned"
         raise ConfigError(
-            f"model.heads_per_layer={given} differs from the heads of ckpt_path={cfg.ckpt_path} "
+            f"model.heads_per_layer={given} differs from the heads of {option}={name} "
             f"({held}); leave model.heads_per_layer null to take the checkpoint's (heads are "
             "removed with python -m transformer.prune)"
         )
     cfg.model.heads_per_layer = stored
-    log.info("%s is pruned: model.heads_per_layer=%s", cfg.ckpt_path, stored)
+    log.info("%s is pruned: model.heads_per_layer=%s", name, stored)
 
 
 def fit(
@@ -166,6 +171,7 @@ def build_module(cfg: DictConfig, model_cfg: TransformerConfig) -> TranslationMo
         compile_model=cfg.get("compile", False),
         compile_backend=cfg.get("compile_backend", "inductor"),
         shape_buckets=int(cfg.data.get("num_buckets", 0)),
+        freeze=list(cfg.get("freeze") or []),
     )
 
 
@@ -175,8 +181,15 @@ def train(cfg: DictConfig) -> dict[str, float]:
     L.seed_everything(int(cfg.seed), workers=True)
 
     datamodule = build_datamodule(cfg)  # checks its options; reads nothing yet
+    weights = None  # init_from's, loaded into the new model
     if cfg.get("ckpt_path"):  # resume with the tokenizers the weights were trained with
         resume_from(cfg, model_cfg, datamodule)
+        if cfg.get("init_from"):
+            log.info("init_from is not read: ckpt_path=%s resumes the run", cfg.ckpt_path)
+    elif cfg.get("init_from"):  # fine-tuning: the weights and tokenizers, nothing else
+        ckpt, name = initial_checkpoint(cfg)
+        weights = initial_weights(ckpt, name, model_cfg, datamodule)
+        adopt_pruned_heads(cfg, ckpt["hyper_parameters"]["model"], "init_from", name)
     checks.check_data_root(cfg.data)
     checks.check_writable(checks.output_dirs(cfg))
     sweep_checkpoint_dirs(cfg)
@@ -190,6 +203,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         )
     model_cfg = checks.model_config(cfg, pad_id=datamodule.pad_id)  # hand-off: the data's pad id
     module = build_module(cfg, model_cfg)
+    if weights is not None:
+        module.model.load_state_dict(weights)
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
     trainer = build_trainer(cfg, build_loggers(cfg), training_callbacks(cfg))
     backends = sdpa_backends.parse(cfg.get("sdpa_backends"))

@@ -20,6 +20,7 @@ from transformer.training.config_checks.groups import (
     check_ckpt_path,
     check_data,
     check_ema,
+    check_freeze,
     check_kernels,
     check_loss,
     check_optim,
@@ -42,6 +43,7 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     check_loss(cfg.loss, cfg.trainer)
     check_validation(cfg.validation, cfg.get("callbacks"))
     check_ema(cfg.get("ema"), cfg.trainer)
+    check_freeze(cfg.get("freeze"))
     check_kernels(cfg)
     check_trainer(cfg.trainer)
     check_ckpt_path(cfg.get("ckpt_path"))

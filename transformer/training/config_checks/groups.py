@@ -24,6 +24,8 @@ from transformer import sdpa_backends
 from transformer.config import TransformerConfig
 from transformer.decoding.options import validation_decoding
 from transformer.errors import ConfigError
+from transformer.training.config_checks.option_types import show
+from transformer.training.freeze import PARTS
 from transformer.training.loss import check_label_smoothing
 from transformer.training.optim import takes_progress
 from transformer.training.trainer import on_gpu
@@ -139,6 +141,16 @@ def check_loss(loss: DictConfig, trainer: DictConfig) -> None:
         check_label_smoothing(float(loss.label_smoothing), "loss.label_smoothing")
     except (ValueError, TypeError) as err:
         raise ConfigError(str(err)) from err
+
+
+def check_freeze(freeze: Any) -> None:
+    """The parts ``freeze`` names (:data:`transformer.training.freeze.PARTS`)."""
+    unknown = [part for part in freeze or [] if part not in PARTS]
+    if unknown:
+        raise ConfigError(
+            f"freeze={show(list(freeze))}: {unknown[0]!r} is not a part of the model; choose "
+            f"from {', '.join(PARTS)}"
+        )
 
 
 def check_validation(validation: DictConfig, callbacks: DictConfig | None) -> None:

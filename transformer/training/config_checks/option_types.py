@@ -28,6 +28,8 @@ OWNED_OPTIONS: dict[str, tuple[Any, str] | Any] = {
     "loss.kernel": (TranslationModule, "loss_kernel"),
     "validation.bleu_sentences": (TranslationModule, "val_bleu_sentences"),
     "compile": (TranslationModule, "compile_model"),
+    "freeze": (TranslationModule, "freeze"),
+    "init_from": str | list[str] | None,  # checkpoints (transformer.training.finetune)
     "compile_backend": (TranslationModule, "compile_backend"),
     "ema.decay": float | None,  # WeightEMA's decay; null: no WeightEMA
 }
@@ -61,6 +63,8 @@ def check_types(cfg: DictConfig) -> None:
                 _check_type(option, value, *hints[key])
     for option, owner in OWNED_OPTIONS.items():
         value = OmegaConf.select(cfg, option, default=_ABSENT)
+        if OmegaConf.is_config(value):  # a list or mapping: as the owner gets it
+            value = OmegaConf.to_container(value, resolve=True)
         hint = option_types(owner[0]).get(owner[1]) if isinstance(owner, tuple) else (owner, None)
         if value is not _ABSENT and hint is not None:
             _check_type(option, value, *hint)

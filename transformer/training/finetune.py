@@ -1,0 +1,54 @@
+"""A run that starts from a trained model (``init_from=``): the weights and tokenizers of
+checkpoints written by ``train.py`` (a last, best or epoch checkpoint, an average, or several
+averaged here), with a fresh optimizer, schedule and data position on the run's own corpus.
+
+The model must be the configured one, option for option, as for a resume
+(:func:`transformer.training.resume.check_model`: the dropouts may change, pruned heads are taken
+from the checkpoint); the data takes the checkpoint's SentencePiece models, so that the weights
+see the ids they were trained on. ``ckpt_path=`` keeps its meaning, an exact resume: a fine-tuning
+run resumes from its own ``last.ckpt``, and ``init_from`` is then not read again. ``freeze``
+keeps named parts of the model fixed (:func:`transformer.training.freeze.freeze`).
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from omegaconf import DictConfig
+from torch import Tensor
+
+from transformer.checkpoints import checkpoint_paths, load_or_average, stored_tokenizer_models
+from transformer.config import TransformerConfig
+from transformer.data.datamodule import TranslationDataModule
+from transformer.errors import CheckpointError
+from transformer.training.resume import check_model
+
+log = logging.getLogger(__name__)
+
+
+def initial_checkpoint(cfg: DictConfig) -> tuple[dict[str, Any], str]:
+    """The checkpoint ``init_from`` names (several: their average) and how to name it."""
+    paths = checkpoint_paths(cfg.init_from, "init_from")
+    ckpt = load_or_average(paths)
+    return ckpt, paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more)"
+
+
+def initial_weights(
+    ckpt: dict[str, Any], name: str, model_cfg: TransformerConfig, data: TranslationDataModule
+) -> dict[str, Tensor]:
+    """The model's weights in ``ckpt`` (from ``init_from``, named ``name``), checked against this
+    run's model; the data takes the checkpoint's tokenizers."""
+    fix = "start from it with {fix}, or train from scratch (without init_from)"
+    check_model(ckpt["hyper_parameters"]["model"], model_cfg, name, "init_from", fix)
+    models = stored_tokenizer_models(ckpt, name)
+    if models is None:
+        raise CheckpointError(
+            f"init_from={name} carries no tokenizers: its weights' ids could not be read; start "
+            "from a checkpoint written by train.py"
+        )
+    data.use_tokenizers(models["src"], models["tgt"], checkpoint=name)
+    prefix = "model."
+    state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
+    log.info("init_from=%s: its weights and tokenizers; a fresh optimizer and schedule", name)
+    return state
