@@ -628,6 +628,8 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         seen.append({i for line in lines for i in json.loads(line)["ids"]})
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    # rank 1's log lines go to its stderr: no log file of its own beside rank 0's
+    assert [p.name for p in (tmp_path / "run").glob("*.log")] == ["train.log"]
     log = (tmp_path / "run" / "train.log").read_text()  # rank 0's
     assert re.findall(r"val BLEU \S+ on (\d+) sentences", log) == ["32"]  # both ranks' shards
 

@@ -178,8 +178,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
     if cfg.get("ckpt_path"):  # resume with the tokenizers the weights were trained with
         resume_from(cfg, model_cfg, datamodule)
     checks.check_data_root(cfg.data)
-    checks.check_writable(checks.output_dirs(cfg))
-    sweep_checkpoint_dirs(cfg)
+    if not run_dir.later_rank():  # rank 0's directories: the others write nothing there
+        checks.check_writable(checks.output_dirs(cfg))
+        sweep_checkpoint_dirs(cfg)
     if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
         datamodule.tgt_vocab_size != model_cfg.tgt_vocab_size
     ):
