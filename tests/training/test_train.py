@@ -117,7 +117,8 @@ DATA_SOURCES = {
     "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,
                  "val_split": "val", "test_split": "test_2016_flickr"},
     "hf": {"source": "hf", "root": None, "hf_name": None, "hf_config": None, "hf_path": None,
-           "val_split": "validation", "test_split": "test"},
+           "hf_revision": None, "hf_data_dir": None, "val_split": "validation",
+           "test_split": "test"},
     "local": {"source": "local", "root": "???", "val_split": "val", "test_split": "test"},
 }  # fmt: skip
 
