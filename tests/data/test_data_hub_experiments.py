@@ -8,8 +8,10 @@ import datasets
 import pytest
 from datasets import Dataset, DatasetDict, Features, Translation
 
+from tests.tiny import CONFIGS, compose_cfg
 from transformer.data.hf_source import HFSource
 from transformer.errors import DataError
+from transformer.training.run import build_datamodule
 
 # The stand-in hub: datasets.load_dataset(path, config, revision=, data_dir=) -> (splits,
 # languages) of what it loads. IWSLT/iwslt2017's repository is a loading script (iwslt2017.py),
@@ -51,9 +53,27 @@ def load_dataset(path, name=None, *, revision=None, data_dir=None) -> DatasetDic
     return DatasetDict({s: Dataset.from_dict(r, features=features) for s, r in rows.items()})
 
 
+def hub_experiments() -> list[str]:
+    """The experiments (configs/experiment/*.yaml) whose data is a hub dataset."""
+    names = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
+    return [e for e in names if compose_cfg([f"experiment={e}"]).data.source == "hf"]
+
+
 @pytest.fixture
 def hub(monkeypatch):
     monkeypatch.setattr(datasets, "load_dataset", load_dataset)
+
+
+@pytest.mark.parametrize("experiment", hub_experiments())
+def test_a_hub_experiment_reads_the_splits_and_languages_it_names(experiment, hub):
+    cfg = compose_cfg([f"experiment={experiment}", "trainer.accelerator=cpu"])
+    (corpus,) = build_datamodule(cfg).corpora  # its options checked; nothing read yet
+    source = corpus.source
+    assert (source.src_lang, source.tgt_lang) == (cfg.data.src_lang, cfg.data.tgt_lang)
+    for stage, split in corpus.splits.items():
+        pairs = source.read(split)  # the split, its translation column and both languages
+        assert pairs.src == [text(split, i, cfg.data.src_lang) for i in range(PAIRS)], stage
+        assert pairs.tgt == [text(split, i, cfg.data.tgt_lang) for i in range(PAIRS)], stage
 
 
 def test_a_hub_dataset_that_is_a_loading_script_names_its_parquet_export(hub):
