@@ -33,7 +33,7 @@ def error_line(main, args: list[str], monkeypatch, capsys) -> str:
          "error: model.num_head=4: no such option; did you mean model.num_heads or "
          "model.num_kv_heads? (to add a new key, write +model.num_head=4)"),
         (train_main, ["experiment=foo"],
-         "error: experiment=foo: no such experiment option; choose one of iwslt14_de_en, "
+         "error: experiment=foo: no such experiment option; choose one of iwslt17_de_en, "
          "multi30k_en_de, multi30k_en_de_cpu, wmt14_en_de"),
         (train_main, ["+model.num_heads=4"],
          "error: +model.num_heads=4: model.num_heads is an option already; set it without the "

@@ -4,6 +4,7 @@ tiny model, batches for it, and Hydra configs that train on the corpus in second
 from __future__ import annotations
 
 import csv
+import os
 from pathlib import Path
 
 import numpy as np
@@ -157,3 +158,14 @@ def prepared_datamodule(tokenizers: tuple[bytes, bytes] | None = None, **kwargs)
     dm.prepare_data()
     dm.setup("fit")
     return dm
+
+
+def script_env(tmp_path: Path) -> dict[str, str]:
+    """The environment of a ``train.py`` started by a test: this checkout first on the path, then
+    what the caller's path holds (where packages live outside site-packages, as the GPU check
+    installs them); no ~/.netrc and no API key, so no wandb key."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    env["HOME"] = str(tmp_path / "home")
+    env.pop("WANDB_API_KEY", None)
+    return env

@@ -101,6 +101,8 @@ def _train(cfg: DictConfig) -> float | None:
 
 def train_main() -> None:
     """``transformer-train [group=option ...] [key=value ...]`` (``python train.py``)."""
+    from transformer.training import run_dir  # noqa: F401 (registers ${launch_name:...})
+
     run(_train, "train")
 
 

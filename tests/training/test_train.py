@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 
 import transformer.data.prepare
 import transformer.translate
-from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, tiny_overrides
+from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, script_env, tiny_overrides
 from transformer import Transformer, TransformerConfig
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config import ATTENTION_TYPES
@@ -117,7 +117,8 @@ DATA_SOURCES = {
     "multi30k": {"source": "multi30k", "root": "data/multi30k", "download": True,
                  "val_split": "val", "test_split": "test_2016_flickr"},
     "hf": {"source": "hf", "root": None, "hf_name": None, "hf_config": None, "hf_path": None,
-           "val_split": "validation", "test_split": "test"},
+           "hf_revision": None, "hf_data_dir": None, "val_split": "validation",
+           "test_split": "test"},
     "local": {"source": "local", "root": "???", "val_split": "val", "test_split": "test"},
 }  # fmt: skip
 
@@ -581,19 +582,9 @@ def test_resume_elsewhere_uses_the_checkpoints_tokenizers(corpus, tmp_path, monk
     assert after["tokenizers"]["src"]["model"] == before["tokenizers"]["src"]["model"]
 
 
-def _script_env(tmp_path: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    # the checkout first, then what the caller's path holds (where packages live outside
-    # site-packages, as the GPU check installs them)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
-    env["HOME"] = str(tmp_path / "home")  # no ~/.netrc: no wandb key
-    env.pop("WANDB_API_KEY", None)
-    return env
-
-
 @pytest.mark.slow
 def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
-    env = _script_env(tmp_path)
+    env = script_env(tmp_path)
     env.pop("WANDB_MODE", None)  # no key and no mode: the logger must go offline by itself
     cmd = [
         sys.executable, "train.py", "-m", "model.num_heads=1,2",
@@ -618,7 +609,7 @@ def test_sweep_runs_each_job_as_its_own_offline_wandb_run(corpus, tmp_path):
 def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
     """Each rank trains on its own batches; validation (beam search here) decodes each rank's
     shard and scores the gathered whole."""
-    env = _script_env(tmp_path)  # with the checkout on the path: tests.fault_kit.BatchIdRecorder
+    env = script_env(tmp_path)  # with the checkout on the path: tests.fault_kit.BatchIdRecorder
     ids_dir = tmp_path / "ids"
     cmd = [
         sys.executable, "train.py", *tiny_overrides(corpus),
@@ -638,6 +629,8 @@ def test_ddp_two_cpu_processes_see_disjoint_batches(corpus, tmp_path):
         seen.append({i for line in lines for i in json.loads(line)["ids"]})
     assert seen[0] and seen[1] and not seen[0] & seen[1]
     assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+    # rank 1's log lines go to its stderr: no log file of its own beside rank 0's
+    assert [p.name for p in (tmp_path / "run").glob("*.log")] == ["train.log"]
     log = (tmp_path / "run" / "train.log").read_text()  # rank 0's
     assert re.findall(r"val BLEU \S+ on (\d+) sentences", log) == ["32"]  # both ranks' shards
 
@@ -671,7 +664,7 @@ def test_multi30k_smoke(tmp_path):
 @pytest.mark.slow
 def test_wandb_falls_back_offline_when_the_server_is_unreachable(tmp_path):
     """A key but no reachable server: online start gives up after init_timeout, runs offline."""
-    env = _script_env(tmp_path)
+    env = script_env(tmp_path)
     env.pop("WANDB_MODE", None)
     env["WANDB_API_KEY"] = "0" * 40
     env["WANDB_BASE_URL"] = "http://127.0.0.1:9"  # nothing listens on the discard port

@@ -34,7 +34,7 @@ from transformer.errors import DataError
 # What an entry of data.corpora may set for itself; missing keys come from data.*.
 CORPUS_KEYS = (
     "source", "root", "src_lang", "tgt_lang", "train_split", "val_split", "test_split",
-    "hf_name", "hf_config", "hf_path", "download",
+    "hf_name", "hf_config", "hf_path", "hf_revision", "hf_data_dir", "download",
 )  # fmt: skip
 ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
@@ -56,13 +56,15 @@ def make_source(
     hf_name: str | None = None,
     hf_config: str | None = None,
     hf_path: str | os.PathLike | None = None,
+    hf_revision: str | None = None,
+    hf_data_dir: str | None = None,
 ) -> CorpusSource:
     """The source that ``data.source=name`` reads; it checks its options and reads nothing."""
     if name == "multi30k":
         return Multi30kSource(root, src_lang, tgt_lang, download=download)
     if name == "local":
         return LocalSource(root, src_lang, tgt_lang)
-    return HFSource(src_lang, tgt_lang, hf_name, hf_config, hf_path)
+    return HFSource(src_lang, tgt_lang, hf_name, hf_config, hf_path, hf_revision, hf_data_dir)
 
 
 def target_token(lang: str) -> str:
@@ -121,7 +123,8 @@ def make_corpora(
         source = make_source(
             name, opts["root"], opts["src_lang"], opts["tgt_lang"],
             True if opts["download"] is None else opts["download"],
-            opts["hf_name"], opts["hf_config"], opts["hf_path"],
+            opts["hf_name"], opts["hf_config"], opts["hf_path"], opts["hf_revision"],
+            opts["hf_data_dir"],
         )  # fmt: skip
         train, val, test = DEFAULT_SPLITS[name]
         splits = {

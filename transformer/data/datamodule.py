@@ -76,6 +76,8 @@ class TranslationDataModule(L.LightningDataModule):
         hf_name: str | None = None,
         hf_config: str | None = None,
         hf_path: str | None = None,
+        hf_revision: str | None = None,
+        hf_data_dir: str | None = None,
         download: bool = True,
         prepare_per_node: bool = True,
         corpora: list[dict[str, Any]] | None = None,

@@ -16,7 +16,10 @@ class HFSource(CorpusSource):
     """A Hugging Face dataset with a ``translation`` feature (``{"de": ..., "en": ...}``).
 
     Loaded with ``datasets.load_from_disk(path)`` when ``path`` is given (a ``DatasetDict`` saved
-    with ``save_to_disk``), else ``datasets.load_dataset(name, config)``.
+    with ``save_to_disk``), else ``datasets.load_dataset(name, config)``, from the hub
+    repository's ``revision`` and folder ``data_dir`` where given. A repository that holds a
+    loading script, which ``datasets`` no longer runs, is read from the hub's Parquet export of
+    it: ``revision="refs/convert/parquet"``, ``data_dir`` the script's config.
     """
 
     def __init__(
@@ -26,6 +29,8 @@ class HFSource(CorpusSource):
         name: str | None = None,
         config: str | None = None,
         path: str | os.PathLike | None = None,
+        revision: str | None = None,
+        data_dir: str | None = None,
     ) -> None:
         super().__init__(src_lang, tgt_lang)
         if (name is None) == (path is None):
@@ -33,27 +38,40 @@ class HFSource(CorpusSource):
                 "data=hf needs exactly one of data.hf_name (hub) or data.hf_path (disk)"
             )
         self.name, self.config, self.path = name, config, path
+        self.revision, self.data_dir = revision, data_dir
         self._dict = None
 
     @property
     def tag(self) -> str:
         if self.path is not None:
             return f"hf-{Path(self.path).resolve().name}"
-        return "hf-" + "-".join(x for x in (self.name, self.config) if x).replace("/", "_")
+        parts = (self.name, self.config, self.data_dir)
+        return "hf-" + "-".join(x for x in parts if x).replace("/", "_")
 
-    def _split(self, split: str):
+    def _load(self):
         import datasets
 
+        if self.path is not None:
+            return datasets.load_from_disk(str(self.path))
+        options = {"name": self.name, "config": self.config}
+        extra = {k: v for k, v in (("revision", self.revision), ("data_dir", self.data_dir)) if v}
+        where = " ".join(f"data.hf_{k}={v}" for k, v in {**options, **extra}.items() if v)
+        try:
+            return datasets.load_dataset(self.name, self.config, **extra)
+        except ValueError as err:  # e.g. a config the dataset does not have
+            raise DataError(f"{where}: {err}") from err
+        except RuntimeError as err:
+            if "scripts are no longer supported" not in str(err):
+                raise
+            raise DataError(
+                f"{where}: the dataset is a loading script, which datasets no longer runs; read "
+                "the hub's Parquet export of it: data.hf_revision=refs/convert/parquet "
+                "data.hf_data_dir=<its config> (and data.hf_config=null)"
+            ) from err
+
+    def _split(self, split: str):
         if self._dict is None:
-            if self.path is not None:
-                self._dict = datasets.load_from_disk(str(self.path))
-            else:
-                try:
-                    self._dict = datasets.load_dataset(self.name, self.config)
-                except ValueError as err:  # e.g. a config the dataset does not have
-                    raise DataError(
-                        f"data.hf_name={self.name} data.hf_config={self.config}: {err}"
-                    ) from err
+            self._dict = self._load()
         if split not in self._dict:
             raise DataError(f"{self.tag} has no split {split!r}; it has {list(self._dict)}")
         ds = self._dict[split]

@@ -191,8 +191,9 @@ def train(cfg: DictConfig) -> dict[str, float]:
         weights = initial_weights(ckpt, name, model_cfg, datamodule)
         adopt_pruned_heads(cfg, ckpt["hyper_parameters"]["model"], "init_from", name)
     checks.check_data_root(cfg.data)
-    checks.check_writable(checks.output_dirs(cfg))
-    sweep_checkpoint_dirs(cfg)
+    if not run_dir.later_rank():  # rank 0's directories: the others write nothing there
+        checks.check_writable(checks.output_dirs(cfg))
+        sweep_checkpoint_dirs(cfg)
     if datamodule.src_vocab_size != model_cfg.src_vocab_size or (
         datamodule.tgt_vocab_size != model_cfg.tgt_vocab_size
     ):

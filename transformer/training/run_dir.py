@@ -8,6 +8,11 @@ checkpoint is written yet). ``train.py`` takes the lock and checks in a Hydra ca
 (:class:`RunDirectoryCheck`, ``transformer/configs/hydra/default.yaml``) before Hydra writes its
 record (``.hydra/``) and log there, and holds it to its end; :func:`transformer.training.run.train`
 checks again, under the lock, for its callers.
+
+The processes of one multi-process launch share one run directory, which rank 0 owns: it takes the
+lock and writes the checkpoints, logs and Hydra's record there; the others write nothing there
+(their log lines go to stderr). Lightning's own launcher hands its processes the first one's
+directory; those that torchrun or srun start at once agree on its name (:func:`launch_name`).
 """
 
 from __future__ import annotations
@@ -19,11 +24,12 @@ import logging
 import os
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, open_dict, read_write
+from omegaconf import DictConfig, OmegaConf, open_dict, read_write
 
 from transformer.errors import ConfigError
 
@@ -174,17 +180,68 @@ def claim_training_run(cfg: DictConfig) -> Iterator[None]:
 
 # set to a rank other than 0 in the processes that Lightning's DDP, torchrun or SLURM start
 RANK_VARIABLES = ("RANK", "LOCAL_RANK", "NODE_RANK", "GROUP_RANK", "SLURM_PROCID")
+LAUNCH_STORE_TIMEOUT = timedelta(seconds=60)  # torchrun's store is up before its processes start
+
+
+def later_rank() -> bool:
+    """Whether this process is one that DDP, torchrun or srun started beside a launch's first
+    (rank 0): it shares rank 0's run directory and writes nothing there."""
+    return any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES)
+
+
+def launch_name(default: str) -> str:
+    """The run directory's last part (``${launch_name:...}`` in configs/hydra/default.yaml): one
+    name for all the processes of a launch, which torchrun and srun start at slightly different
+    times (a time stamp each would name a directory each).
+
+    torchrun: ``default`` (a time stamp) of the first process to ask torchrun's store, which all
+    processes of the launch reach at MASTER_ADDR:MASTER_PORT, on every node (``torchrun-<run id>``
+    where torchrun shares no store); an srun step of several tasks: ``slurm-<job id>.<step id>``.
+    Elsewhere ``default``: Lightning's own launcher passes its first process's directory
+    (``hydra.run.dir``) to the others itself."""
+    env = os.environ
+    if "TORCHELASTIC_RUN_ID" in env:
+        if env.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+            return f"torchrun-{env['TORCHELASTIC_RUN_ID']}"
+        from torch.distributed import TCPStore  # (torch: only here, where torchrun started us)
+
+        store = TCPStore(env["MASTER_ADDR"], int(env["MASTER_PORT"]), timeout=LAUNCH_STORE_TIMEOUT)
+        return store.compare_set("transformer/run_dir", "", default).decode()  # the first's
+    if "SLURM_STEP_ID" in env and int(env.get("SLURM_STEP_NUM_TASKS", "1")) > 1:
+        return f"slurm-{env['SLURM_JOB_ID']}.{env['SLURM_STEP_ID']}"
+    return default
+
+
+if not OmegaConf.has_resolver("launch_name"):
+    OmegaConf.register_new_resolver("launch_name", launch_name, use_cache=True)
+
+
+def leave_to_rank_zero(config: DictConfig) -> None:
+    """Hydra's config of a process beside rank 0: Hydra writes no record (``.hydra/``) and no
+    log file in the run directory, which rank 0's are; the log lines go to stderr alone (which
+    torchrun, srun and Lightning's launcher pass on)."""
+    logging_cfg = config.hydra.job_logging
+    handlers = OmegaConf.to_container(logging_cfg.handlers, resolve=False)
+    files = [name for name, h in handlers.items() if h and "filename" in h]
+    with read_write(config.hydra), open_dict(config.hydra):
+        config.hydra.output_subdir = None
+        for name in files:
+            del logging_cfg.handlers[name]
+        logging_cfg.root.handlers = [h for h in logging_cfg.root.handlers if h not in files]
 
 
 class RunDirectoryCheck(Callback):
     """Hydra callback, before Hydra writes to the run directory: takes its lock, held until the
     process ends (two runs started at once: the second is refused here, not after Hydra wrote
     its record and log lines), then the checks above, and with ``force=true`` sets the earlier
-    run's logs aside; a refusal is one ``error:`` line and exit status 1."""
+    run's logs aside; a refusal is one ``error:`` line and exit status 1. A process beside rank
+    0 (:func:`later_rank`) shares its directory: it takes no lock, and Hydra writes nothing there
+    for it (:func:`leave_to_rank_zero`)."""
 
     def on_run_start(self, config: DictConfig, **kwargs: Any) -> None:
-        if any(os.environ.get(v, "0") != "0" for v in RANK_VARIABLES):
-            return  # a process that DDP started after the first, in its run directory
+        if later_rank():
+            leave_to_rank_zero(config)
+            return
         probe = copy.deepcopy(config)  # paths.output_dir names Hydra's, not set until the job
         out_dir = Path(str(config.hydra.run.dir)).absolute()
         with read_write(probe), open_dict(probe):
