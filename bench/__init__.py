@@ -1,1 +1,1 @@
-"""Speed scripts; results in BENCHMARKS.md. Shared pieces live in bench/common.py."""
+"""Speed scripts; results in docs/benchmarks.md. Shared pieces live in bench/common.py."""

@@ -1,9 +1,9 @@
 """PyTorch's attention kernel (``F.scaled_dot_product_attention``) in bf16 against float32.
 
-Why ``transformer.attend.sdpa`` keeps bf16/fp16 inputs away from the bf16 kernel on CPU: on
-each shape, the time of the kernel in float32, in bf16, and on bf16 inputs cast to float32 and
-back (what ``sdpa`` does on CPU for inference; casts included; training computes attention by hand
-in bf16 there instead, see BENCHMARKS.md). Shapes: a training batch (forward and backward, causal
+Why ``transformer.attend.sdpa`` keeps bf16/fp16 inputs away from the bf16 kernel on CPU: on each
+shape, the time of the kernel in float32, in bf16, and on bf16 inputs cast to float32 and back (what
+``sdpa`` does on CPU for inference; casts included; training computes attention by hand in bf16
+there instead, see docs/benchmarks.md). Shapes: a training batch (forward and backward, causal
 self-attention) and the two attention calls of one beam-search step (50 sentences x 5 beams: one
 new query per row against the cached keys of its row; cross-attention, each sentence's 5 beam
 queries against its source).

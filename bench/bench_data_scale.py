@@ -12,7 +12,7 @@ length change of up to a quarter, sentences capitalised and ending in a full sto
 Each measurement runs in a fresh process (peak RSS is the largest of the process's own and its
 loader workers'). Resident memory after the batches is given whole (VmRSS) and split into the
 process's own (RssAnon) and pages of mapped files (RssFile: the memory-mapped token cache, shared
-between processes and reclaimable). Speed figures go to BENCHMARKS.md ("Data pipeline at WMT
+between processes and reclaimable). Speed figures go to docs/benchmarks.md ("Data pipeline at WMT
 sizes").
 """
 

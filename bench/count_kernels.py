@@ -2,7 +2,7 @@
 
 A GPU step is host-bound when the host takes longer to issue its kernels (and autograd's
 bookkeeping) than the GPU takes to run them. This counts them without a GPU, by this convention
-(``tests/test_kernel_count.py`` pins the bound; the counts are in BENCHMARKS.md):
+(``tests/test_kernel_count.py`` pins the bound; the counts are in docs/benchmarks.md):
 
 - One training step: the teacher-forced forward, the label-smoothed loss as training computes it
   (``TranslationModule._loss``) and backward, of transformer-base's graph (6+6 layers, dropout

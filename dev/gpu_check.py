@@ -1,4 +1,4 @@
-"""Helpers of ``dev/gpu_check.sh`` (the checks to run when a GPU is lent; BENCHMARKS.md).
+"""Helpers of ``dev/gpu_check.sh`` (the checks to run when a GPU is lent; docs/benchmarks.md).
 
 Each subcommand does one small job for the shell script and prints its result:
 
@@ -12,7 +12,7 @@ Each subcommand does one small job for the shell script and prints its result:
     pace RUN OUT [--variant V]    one stage-2 run of the recipe: updates, fit-loop seconds, profile
     record-call RUN key=value...  remember one recipe-stage training call (its wall time) in RUN
     recipe-metrics RUN OUT        recipe_metrics.json: training, profiles, evaluations
-    report STAGE DIR              the stage's results as markdown tables, for BENCHMARKS.md
+    report STAGE DIR              the stage's results as markdown tables, for docs/benchmarks.md
     summary STEPS                 the table of the steps run (stage, step, status, seconds, note)
 
 It imports torch only where it needs it, so the quick subcommands start fast.

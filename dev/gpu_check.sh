@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks to run when a GPU is lent (BENCHMARKS.md, "GPU check: what to run when a GPU is lent").
+# The checks to run on a GPU machine (docs/development.md#running-it-on-a-gpu-machine).
 #
 #   dev/gpu_check.sh 1|2|3|step|recipe|all [--dry-run] [--out DIR] [--budget SECONDS] [--data DIR]
 #
@@ -28,7 +28,7 @@
 #      (recipe.log, recipe_metrics.json)
 #
 # Every stage writes env.txt (the machine), ends with a summary table of its steps (summary.txt)
-# and, last, its results as markdown tables for BENCHMARKS.md (results.md). Files go to --out
+# and, last, its results as markdown tables for docs/benchmarks.md (results.md). Files go to --out
 # DIR, else $OUT (the GPU tool's folder that comes back), else outputs/gpu_check/out: at most 8 a
 # stage. Each stage keeps within --budget seconds (default 540, under the tool's 10 minutes a
 # command): every step runs under `timeout`, capped by what is left. The exit status is 1 if a
@@ -639,7 +639,7 @@ finish() {
   echo "gpu_check: ${#files[@]} files in $OUT_DIR: ${files[*]##*/}"
   echo "$table"
   echo
-  cat "$OUT_DIR/results.md" 2>/dev/null || true  # last: the tables for BENCHMARKS.md
+  cat "$OUT_DIR/results.md" 2>/dev/null || true  # last: the tables for docs/benchmarks.md
   # (awk, not grep -q: an early exit would break the pipe and read as "nothing failed")
   if awk -F'\t' '$3 !~ /^(ok|warn|skip)$/ {bad = 1} END {exit bad}' "$STEPS"; then
     exit 0

@@ -971,7 +971,7 @@ def test_translating_keeps_glibc_from_raising_its_mmap_threshold(workspace, tmp_
     """After evaluate() translates a file, a 2 MiB block is still mapped for itself once a
     16 MiB one was freed: glibc no longer raises its mmap threshold as blocks are freed, which
     had every tensor up to 32 MiB taken from a heap that keeps what they free, and the peak RSS
-    of a translation grow with the file's length (BENCHMARKS.md)."""
+    of a translation grow with the file's length (docs/benchmarks.md)."""
     evaluate_file = f"""
 from hydra import compose, initialize_config_dir
 from transformer.evaluation import evaluate

@@ -13,7 +13,7 @@ import torch
 
 from bench.count_kernels import KernelCount, count_base_step
 
-BOUND = 700  # kernels a step; the counts before and after: BENCHMARKS.md
+BOUND = 700  # kernels a step; the counts before and after: docs/benchmarks.md
 
 
 @pytest.fixture(scope="module")

@@ -83,12 +83,12 @@ def sdpa(
     enable_gqa: bool = False,
 ) -> Tensor:
     """``F.scaled_dot_product_attention``, but for bf16/fp16 inputs on CPU, where PyTorch's
-    attention kernel is slower in bf16 than in float32 (BENCHMARKS.md, "bf16 attention on
-    CPU"). Training (queries that need gradients) goes through :func:`explicit_attention` (bf16
-    matrix multiplications, float32 softmax), faster still; inference (decoding, cached or not)
-    through the float32 kernel, so that cached and uncached decoding agree. The output keeps the
-    queries' type. Grouped key/value heads that no fused kernel would take (:func:`fused_gqa`)
-    are repeated to the query heads first."""
+    attention kernel is slower in bf16 than in float32 (docs/benchmarks.md#bf16-attention-on-cpu).
+    Training (queries that need gradients) goes through :func:`explicit_attention` (bf16 matrix
+    multiplications, float32 softmax), faster still; inference (decoding, cached or not) through the
+    float32 kernel, so that cached and uncached decoding agree. The output keeps the queries' type.
+    Grouped key/value heads that no fused kernel would take (:func:`fused_gqa`) are repeated to the
+    query heads first."""
     if enable_gqa and not fused_gqa(q.device.type, q.dtype, q.size(-1), attn_mask is not None):
         k, v = repeat_heads(k, q.size(1)), repeat_heads(v, q.size(1))  # (B, H, Tk, Dh)
         enable_gqa = False
@@ -115,7 +115,7 @@ def step_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> T
     """One decoding step on CPU: q (B, H, Tq, Dh) against cached k, v (B, Hkv, Tk, Dh) ->
     (B, H, Tq, Dh), as two batched matrix products that read the cache's strided keys and values
     where they lie; PyTorch's fused CPU kernel is slower on them than on contiguous ones
-    (BENCHMARKS.md, "CTranslate2 against our decoder"). bf16/fp16 compute in float32 (as
+    (docs/benchmarks.md#ctranslate2-against-our-decoder). bf16/fp16 compute in float32 (as
     :func:`sdpa` decodes), float32 and float64 in their own precision. ``allowed``, broadcastable
     to (B, 1, 1, Tk) (key padding, a length mask; no causal mask) or, per head, (B or 1, H, Tq,
     Tk) (a relative bias): bool, True where allowed, or a float additive mask

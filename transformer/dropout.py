@@ -1,14 +1,14 @@
 """Dropout with a cheaper random mask on CPU.
 
-PyTorch's CPU dropout draws its mask with ``bernoulli_``, one random number per element, a
-visible share of a bf16 training step on CPU (BENCHMARKS.md, "The loss fused with the output
-projection, and 16-bit dropout masks"). Here each element reads 16
-random bits instead: one 64-bit draw of ``random_`` serves four elements, and an element is dropped
-when its 16 bits fall below ``p * 2**16``. The drop probability is thus ``p`` rounded to a multiple
-of 1/65536, p' (0.1 -> 0.100006), and kept elements are scaled by ``1 / (1 - p')``: the expected
-output is the input. On other devices, for ``p`` of 0 or 1, and while compiling (the compiler
-draws its own masks; it cannot trace ``random_``), this is ``F.dropout``. Both draw from torch's
-default generator, so seeding and checkpointed RNG states cover them.
+PyTorch's CPU dropout draws its mask with ``bernoulli_``, one random number per element, a visible
+share of a bf16 training step on CPU
+(docs/benchmarks.md#the-loss-fused-with-the-output-projection-and-16-bit-dropout-masks). Here each
+element reads 16 random bits instead: one 64-bit draw of ``random_`` serves four elements, and an
+element is dropped when its 16 bits fall below ``p * 2**16``. The drop probability is thus ``p``
+rounded to a multiple of 1/65536, p' (0.1 -> 0.100006), and kept elements are scaled by
+``1 / (1 - p')``: the expected output is the input. On other devices, for ``p`` of 0 or 1, and while
+compiling (the compiler draws its own masks; it cannot trace ``random_``), this is ``F.dropout``.
+Both draw from torch's default generator, so seeding and checkpointed RNG states cover them.
 """
 
 from __future__ import annotations

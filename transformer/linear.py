@@ -1,13 +1,13 @@
 """``nn.Linear`` that runs float32 on CPU through oneDNN's kernel.
 
-PyTorch computes a float32 linear layer on CPU with MKL's sgemm. On AMD CPUs MKL takes a slower
-code path: oneDNN's kernel, which PyTorch ships for the linear layers of compiled models
-(``torch.ops.mkldnn._linear_pointwise``), is about twice as fast at decoding shapes (BENCHMARKS.md,
-"CTranslate2 against our decoder"). In training it computes the output and the input's gradient;
-the weight's gradient, a product over all the batch's tokens, stays with ``torch.mm``, which is
-the faster there. Training under autocast keeps ``F.linear`` and autocast's dtype rules; so does
-anything being compiled (inductor picks its own kernels) and a PyTorch build without that
-operator.
+PyTorch computes a float32 linear layer on CPU with MKL's sgemm. On AMD CPUs MKL takes a slower code
+path: oneDNN's kernel, which PyTorch ships for the linear layers of compiled models
+(``torch.ops.mkldnn._linear_pointwise``), is about twice as fast at decoding shapes
+(docs/benchmarks.md#ctranslate2-against-our-decoder). In training it computes the output and the
+input's gradient; the weight's gradient, a product over all the batch's tokens, stays with
+``torch.mm``, which is the faster there. Training under autocast keeps ``F.linear`` and autocast's
+dtype rules; so does anything being compiled (inductor picks its own kernels) and a PyTorch build
+without that operator.
 """
 
 from __future__ import annotations

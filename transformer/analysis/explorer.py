@@ -7,7 +7,7 @@ axis with the word each piece belongs to, and every layer's and head's weights o
 type as bytes: rounded to 1/``LEVELS``, zlib-compressed and base64-encoded, one blob per
 validation (the page inflates it with the browser's ``DecompressionStream``). The callback saves
 each record as ``step<N>/explorer.json`` and rebuilds the page from all of them. File sizes:
-BENCHMARKS.md, "Attention explorer".
+docs/benchmarks.md#attention-explorer-page-size.
 """
 
 from __future__ import annotations

@@ -33,9 +33,9 @@ def head_grid(
     """weights (H, Tq, Tk) of one layer -> a grid of heads on shared axes: the key pieces under
     the bottom row, the query pieces left of the first column.
 
-    Laid out by hand, in inches, from the pieces' lengths: matplotlib's automatic layout and
-    tick labels on every panel took most of a map's rendering time, which runs on the CPU at
-    every map validation, a GPU waiting (BENCHMARKS.md, "GPU: first measurements on an H200").
+    Laid out by hand, in inches, from the pieces' lengths: matplotlib's automatic layout and tick
+    labels on every panel took most of a map's rendering time, which runs on the CPU at every map
+    validation, a GPU waiting (docs/benchmarks.md#gpu-first-measurements-on-an-h200-2026-11-23).
     """
     num_heads, tq, tk = weights.shape
     cols = min(num_heads, max_cols)

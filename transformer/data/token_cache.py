@@ -112,10 +112,9 @@ def _check_kept(counts: dict[str, int], name: str, origin: str, max_len: int) ->
 
 
 class TokenIds:
-    """One side of a tokenized split: its Arrow list chunks, indexed where they lie. Loaded from
-    the cache they are memory-mapped, so only the rows read become resident (concatenating the
-    chunks would copy the whole split into memory: BENCHMARKS.md, "Data pipeline at WMT
-    sizes")."""
+    """One side of a tokenized split: its Arrow list chunks, indexed where they lie. Loaded from the
+    cache they are memory-mapped, so only the rows read become resident (concatenating the chunks
+    would copy the whole split into memory: docs/benchmarks.md#data-pipeline-at-wmt-sizes)."""
 
     def __init__(self, column: pa.ChunkedArray) -> None:
         chunks = [c for c in column.chunks if len(c)]

@@ -48,7 +48,7 @@ class SentenceSample:
 
 
 # SentencePiece's sample: its training time and memory grow with it (2.5 GB at 500,000 sentences
-# of WMT length, BENCHMARKS.md, "Data pipeline at WMT sizes"); data.spm_train_sentences
+# of WMT length, docs/benchmarks.md#data-pipeline-at-wmt-sizes); data.spm_train_sentences
 SPM_TRAIN_SENTENCES = 500_000
 
 

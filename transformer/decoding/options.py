@@ -42,7 +42,8 @@ class DecodeOptions:
     alignment: bool = False  # input=...: append "<TAB>src-tgt ..." word alignments
     alignment_layer: int = -1  # the decoder layer whose cross-attention aligns (-1 = last)
     alignment_head: int | None = None  # its head that aligns (None = the mean of its heads)
-    # How the search runs, not what it finds (BENCHMARKS.md, "Decoding at static shapes"):
+    # How the search runs, not what it finds
+    # (docs/benchmarks.md#decoding-at-static-shapes-2026-11-26):
     graphs: bool | None = None  # each cached step a CUDA graph; None: on a GPU (not under autocast)
     sync_every: int = 0  # steps between reads of how many sentences are done; 0: 1 on CPU, 8 else
     prefix: InitVar[str] = "decode"

@@ -2,12 +2,12 @@
 
 Decoding allocates tensors of a new size at almost every step (a batch's rows shrink as its
 sentences finish; every batch has its own lengths), and oneDNN's linear kernel allocates outputs
-and scratchpads of those sizes. glibc serves a block above its mmap threshold with a mapping of
-its own, returned whole when freed, but it raises the threshold to the size of every such block
-freed, up to 32 MiB: from then on those tensors come from the heap, which keeps the space they
-free. Sizes that rarely repeat leave the heap full of free holes, so the peak RSS of
-``evaluate.py input=FILE`` grew with the file's length (BENCHMARKS.md, "Translating a long file:
-memory"). A threshold set by ``mallopt`` is never raised.
+and scratchpads of those sizes. glibc serves a block above its mmap threshold with a mapping of its
+own, returned whole when freed, but it raises the threshold to the size of every such block freed,
+up to 32 MiB: from then on those tensors come from the heap, which keeps the space they free. Sizes
+that rarely repeat leave the heap full of free holes, so the peak RSS of ``evaluate.py input=FILE``
+grew with the file's length (docs/benchmarks.md#translating-a-long-file-memory). A threshold set by
+``mallopt`` is never raised.
 """
 
 from __future__ import annotations

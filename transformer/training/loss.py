@@ -4,10 +4,10 @@ The training loss never materialises the (tokens, vocabulary) logits: for each c
 decoder states it projects to logits, takes the loss and, when gradients are wanted, the gradient
 of the loss with respect to those logits (softmax minus the smoothed target), and turns it at once
 into the gradients of the states and of the projection matrix. Memory for logits is one chunk's
-instead of the batch's, and each chunk's elementwise work stays in cache. What it saves per
-training step: BENCHMARKS.md, "The loss fused with the output projection, and 16-bit dropout
-masks". R-Drop (:func:`rdrop_loss`) is fused the same way: both passes' logits of a chunk, never
-the batch's. On CPU the products with the projection matrix run through oneDNN in float32
+instead of the batch's, and each chunk's elementwise work stays in cache. What it saves per training
+step: docs/benchmarks.md#the-loss-fused-with-the-output-projection-and-16-bit-dropout-masks. R-Drop
+(:func:`rdrop_loss`) is fused the same way: both passes' logits of a chunk, never the batch's. On
+CPU the products with the projection matrix run through oneDNN in float32
 (:func:`transformer.linear.linear`).
 
 Two fused kernels may take a chunk's elementwise work instead (``loss.kernel``,
