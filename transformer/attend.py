@@ -11,19 +11,23 @@ kernel (:func:`sdpa`): by hand in bf16 for training, the float32 kernel for infe
 grouped-query attention hands SDPA its grouped key/value heads only where the flash kernel takes
 them (:func:`fused_gqa`); elsewhere they are repeated to the query heads first, so that a masked
 call runs the memory-efficient kernel rather than the math fallback. A cached decoding step on
-CPU runs as two batched matrix products (:func:`step_attention`).
+CPU runs as two batched matrix products (:func:`step_attention`). :func:`attend` chooses among
+them for a call of :class:`~transformer.attention.MultiheadAttention`.
 """
 
 from __future__ import annotations
 
 import math
+from contextlib import nullcontext
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from transformer import kernels
 from transformer.dropout import dropout
-from transformer.masks import causal_allowed
+from transformer.masks import attention_allowed, causal_allowed
 
 
 def repeat_heads(x: Tensor, heads: int) -> Tensor:
@@ -134,3 +138,66 @@ def step_attention(q: Tensor, k: Tensor, v: Tensor, allowed: Tensor | None) -> T
         scores.view(B, Hkv, -1, Tk).add_(allowed)
     out = torch.bmm(scores.softmax(-1), v)  # (B * Hkv, H/Hkv * Tq, Dh)
     return out.view(B, H, Tq, Dh).to(dtype)
+
+
+def attend(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    *,
+    bias: Tensor | None,
+    relative: bool,
+    key_padding_mask: Tensor | None,
+    causal: bool,
+    self_attention: bool,
+    offset: int,
+    cached: bool,
+    dropout_p: float,
+    need_weights: bool,
+    backends: list[SDPBackend] | None,
+) -> tuple[Tensor, Tensor | None]:
+    """q (B, H, Tq, Dh), k and v (B, Hkv, Tk, Dh) -> the output (B, H, Tq, Dh) and, if
+    ``need_weights``, the weights (B, H, Tq, Tk), through the kernel that fits the call.
+
+    The mask is ``bias`` where the caller built one (additive, (B or 1, 1 or H, Tq or 1, Tk): the
+    layer stack's padding, a cache's length mask, or a ``relative`` position bias), else built
+    here from ``key_padding_mask`` (B, Tk) and ``causal`` (the queries sit at ``offset`` after
+    the keys' start). The weights need :func:`explicit_attention`. Otherwise a causal square
+    block of ``self_attention`` with no padding takes the kernels' fast causal path (square:
+    self-attention has Tk = offset + Tq, a test on plain ints that torch.compile's symbolic sizes
+    keep a bool), and one new query after the cache sees every key, so it needs no mask at all; a
+    ``cached`` step of one query on CPU runs :func:`step_attention`; the rest :func:`sdpa`,
+    restricted to ``backends`` when given. Keys and values of B / beams rows (beam search keeps
+    one set of cross-attention keys and values a sentence) serve the queries of its ``beams``
+    rows as one block of beams * Tq positions."""
+    beams, Tq, Tk = q.size(0) // k.size(0), q.size(2), k.size(2)
+    if beams > 1:
+        q = q.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)  # (B/beams, H, beams*Tq, Dh)
+    weights = None
+    if need_weights:
+        if bias is not None:  # a relative bias stays additive; a padding mask turns bool
+            allowed = bias if relative else bias.eq(0)
+        else:
+            allowed = attention_allowed(key_padding_mask, causal, q.size(2), Tk, offset, q.device)
+        out, weights = explicit_attention(q, k, v, allowed, dropout_p)
+    else:
+        fast_causal = causal and self_attention and key_padding_mask is None and offset == 0
+        needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
+        if bias is not None:
+            fast_causal, needs_mask, allowed = False, False, bias
+        else:
+            allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, q.device)
+        step = cached and Tq == 1 and not needs_mask and not dropout_p
+        if step and kernels.cpu_kernels(q) and q.size(1):  # (pruned to no heads: SDPA)
+            out = step_attention(q, k, v, allowed)
+        else:
+            with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
+                out = sdpa(
+                    q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
+                    enable_gqa=k.size(1) != q.size(1),
+                )  # fmt: skip
+    if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
+        out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
+        if weights is not None:
+            weights = weights.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
+    return out, weights

@@ -13,17 +13,15 @@ A (B, H) mask gates each sentence's heads apart: a gradient with respect to it i
 from __future__ import annotations
 
 import warnings
-from contextlib import nullcontext
 
 import torch
 from torch import Tensor, nn
-from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.nn.attention import SDPBackend
 
-from transformer import attend, kernels
+from transformer import attend
 from transformer.config import check_heads
 from transformer.kv_cache import KVCache
 from transformer.linear import Linear
-from transformer.masks import attention_allowed
 from transformer.positions import rotate
 
 
@@ -172,53 +170,16 @@ class MultiheadAttention(nn.Module):
                 k, v = cache.write(kv)  # (B, Hkv, offset + Tq, Dh); static: all its capacity
             else:
                 k, v = self._heads(k, self.num_kv_heads), self._heads(v, self.num_kv_heads)
-        # Beam search keeps one set of cross-attention K/V per sentence: the queries of its
-        # `beams` decoder rows attend as one block of beams * Tq query positions.
-        beams = B // k.size(0)
-        if beams > 1:
-            q = (
-                q.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)
-            )  # (B/beams, H, beams*Tq, Dh)
-        Tk = k.size(2)
         dropout_p = self.dropout if self.training else 0.0
         # Masks built once, additive (B or 1, 1, 1, Tk): the layer stack's padding (attn_mask), or
         # the one decoding's cache carries (the source's padding, or the static length mask).
         bias = attn_mask if attn_mask is not None else cache.bias if cache is not None else None
-
-        if need_weights:
-            if bias is not None:  # a relative bias stays additive; a padding mask turns bool
-                allowed = bias if self.bias_heads is not None else bias.eq(0)
-            else:
-                allowed = attention_allowed(
-                    key_padding_mask, causal, q.size(2), Tk, offset, x.device
-                )
-            out, weights = attend.explicit_attention(q, k, v, allowed, dropout_p)
-        else:
-            weights = None
-            # A causal square block with no padding takes the kernels' fast causal path (square:
-            # self-attention has Tk = offset + Tq, a test on plain ints that torch.compile's
-            # symbolic sizes keep a bool); one new query after the cache may see every key, so it
-            # needs no mask at all.
-            fast_causal = causal and not self.cross and key_padding_mask is None and offset == 0
-            needs_mask = causal and not fast_causal and not (Tq == 1 and offset == Tk - 1)
-            if bias is not None:
-                fast_causal, needs_mask, allowed = False, False, bias
-            else:
-                allowed = attention_allowed(key_padding_mask, needs_mask, Tq, Tk, offset, x.device)
-            step = cache is not None and Tq == 1 and not needs_mask and not dropout_p
-            if step and kernels.cpu_kernels(x) and self.num_heads:  # (pruned to none: SDPA)
-                out = attend.step_attention(q, k, v, allowed)
-            else:
-                backends = self.sdpa_backends
-                with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
-                    out = attend.sdpa(
-                        q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
-                        enable_gqa=self.num_kv_heads != self.num_heads,
-                    )  # fmt: skip
-        if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
-            out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
-            if weights is not None:
-                weights = weights.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)
+        out, weights = attend.attend(
+            q, k, v, bias=bias, relative=self.bias_heads is not None,
+            key_padding_mask=key_padding_mask, causal=causal, self_attention=not self.cross,
+            offset=offset, cached=cache is not None, dropout_p=dropout_p,
+            need_weights=need_weights, backends=self.sdpa_backends,
+        )  # fmt: skip
         if self.head_mask is not None:  # (H,), or (B, H): one gate per sentence and head
             gates = self.head_mask.to(out.dtype)
             out = out * gates.reshape(*gates.shape, 1, 1)  # (B, H, Tq, Dh)
