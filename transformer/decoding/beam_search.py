@@ -20,10 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from transformer.decoding.constraints import Constraints, Phrases, contains
+from transformer.decoding.constraints import Phrases
 from transformer.decoding.options import DecodeOptions
-from transformer.decoding.prefix import ForcedPrefix
-from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
+from transformer.decoding.search import count_done, live_rows, search_hooks, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
     Models,
@@ -66,9 +65,8 @@ def beam_search(
     """
     models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
     pad_id, len_penalty = models[0].cfg.pad_id, options.len_penalty
-    forced = ForcedPrefix.of(target_prefix, pad_id, bos_id, eos_id, options.score_prefix)
-    if forced is not None:
-        max_len = forced.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
+    hooks = search_hooks(models, src, options, bos_id, eos_id, target_prefix, constraints)
+    max_len = hooks.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
     B, K, device = src.size(0), options.beam_size, src.device
     L = int(max_len.max()) + 1  # steps, eos included
     every = sync_interval(options, src)
@@ -88,26 +86,18 @@ def beam_search(
         order = torch.arange(2 * K, device=device)
         order_eos = order + 2 * K  # an eos candidate ranks after every other
         first_rows = torch.arange(B, device=device).unsqueeze(1)  # (n, 1) k * its first row
-        bans = TokenBans(options, pad_id, bos_id, eos_id, device)
-        special = (pad_id, bos_id, eos_id)
-        phrases = Constraints.of(constraints, B, models[0].cfg.tgt_vocab_size, special, device)
 
         for t in range(L):  # t tokens generated so far
             n, k = scores.shape
             lprobs = stepper.log_probs(prefixes)  # (n * k, V)
-            forcing = forced is not None and t < forced.steps
-            if forcing:  # a sentence in its prefix: each beam's one candidate, its token t
-                in_prefix = forced.at(lprobs, sentence.repeat_interleave(k), t)
-            lprobs = bans(lprobs, prefixes, t)
-            if forcing:
-                lprobs = forced.only(lprobs, *in_prefix)
+            hooks.observe(lprobs, sentence, k, t)
+            lprobs = hooks.log_probs(lprobs, prefixes, t)  # bans; a prefix's token alone
             V = lprobs.size(-1)
             if k * V < 2 * K:
                 raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
             lprobs = lprobs.view(n, k, V)  # a fresh tensor: changed in place below
             last = t >= max_len  # (n,) at its length limit a sentence can only end
-            if phrases is not None:
-                phrases.ban_eos(lprobs, eos_id, last, fin_scores[:, 0].gt(float("-inf")))
+            hooks.beam_log_probs(lprobs, last, fin_scores)
             eos_scores = lprobs[..., eos_id] + scores  # (n, k) its candidates then
             # The others draw from every token; a sentence at its limit from its beams' eos.
             lprobs.add_(scores.masked_fill(last.unsqueeze(1), float("-inf")).unsqueeze(-1))
@@ -119,14 +109,9 @@ def beam_search(
             cand_scores = torch.where(at_limit, limit_scores, cand_scores)
             cand_beam = torch.where(at_limit, F.pad(limit_beam, pad), cand_beam)
             cand_tok = cand_tok.masked_fill_(at_limit, eos_id)
-            if phrases is not None:  # the candidates by dynamic beam allocation instead
-                cand_scores, cand_beam, cand_tok = phrases.candidates(
-                    lprobs, cand_scores, cand_beam, cand_tok
-                )
-            if forced is not None and 0 < t <= forced.steps:  # after a prefix: only the best ends
-                cand_tok, cand_scores = forced.no_early_eos(
-                    cand_tok, cand_scores, sentence, t, last
-                )
+            cand_scores, cand_beam, cand_tok = hooks.candidates(
+                lprobs, cand_scores, cand_beam, cand_tok, sentence, t, last
+            )  # constraints: by dynamic beam allocation; after a prefix: only the best ends
 
             history = prefixes.view(n, k, t + 1)[..., 1:].gather(
                 1, cand_beam.unsqueeze(-1).expand(-1, -1, t)
@@ -149,8 +134,7 @@ def beam_search(
             live = torch.where(is_eos, order_eos, order).topk(K, dim=1, largest=False).indices
             scores, beam = cand_scores.gather(1, live), cand_beam.gather(1, live)  # (n, K)
             token = cand_tok.gather(1, live)
-            if phrases is not None:
-                phrases.keep_beams(live)
+            hooks.keep_beams(live)
             rows = first_rows + beam
             prefixes = torch.cat([prefixes[rows.view(-1)], token.view(-1, 1)], 1)
             if t == 0:  # the first step: each sentence's row becomes its K beams' rows
@@ -180,8 +164,7 @@ def beam_search(
             stepper.reorder(rows[keep].view(-1), sentences=keep)
             sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
             fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
-            if phrases is not None:
-                phrases.keep(keep)
+            hooks.keep(keep)
             prefixes = prefixes.view(n, K, t + 2)[keep].view(-1, t + 2)
             first_rows = K * torch.arange(size, device=device).unsqueeze(1)
             if size > n_live:  # padding sentences: done from the start, their output dropped
@@ -191,10 +174,7 @@ def beam_search(
 
     nbest = options.nbest
     hyps = _hypotheses(out_scores[:B, :nbest].cpu(), out_tokens[:B, :nbest].cpu(), eos_id)
-    if phrases is not None:
-        for sentence_hyps, wanted in zip(hyps, constraints, strict=True):
-            for h in sentence_hyps:
-                h.constraints_met = all(contains(h.tokens, p) for p in wanted)
+    hooks.finish(hyps)
     return hyps
 
 

@@ -23,6 +23,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
+from transformer.decoding.hooks import SearchHook
+from transformer.decoding.step import Hypothesis
+
 Phrases = Sequence[Sequence[Sequence[int]]]  # per sentence, its phrases, each a list of ids
 
 
@@ -49,13 +52,15 @@ def contains(tokens: Sequence[int], phrase: Sequence[int]) -> bool:
     return any(list(tokens[i : i + n]) == list(phrase) for i in range(len(tokens) - n + 1))
 
 
-class Constraints:
+class Constraints(SearchHook):
     """The phrases of the n sentences of a beam search and each beam's progress through them.
 
-    ``phrases[i]`` are sentence i's (possibly none). Ids must be generated ones: not pad, bos or
-    eos, below ``vocab_size``. The state follows the search: :meth:`ban_eos` before a step's
-    candidates are drawn, :meth:`candidates` to draw them, :meth:`keep_beams` once its live beams
-    are chosen, :meth:`keep` when sentences leave the batch.
+    ``phrases[i]`` are sentence i's (possibly none). Ids must be generated ones: not ``special``
+    (the pad, bos and eos ids, in that order), below ``vocab_size``. The state follows the search
+    (:class:`~transformer.decoding.hooks.SearchHook`): :meth:`beam_log_probs` bans eos before a
+    step's candidates are drawn, :meth:`candidates` draws them, :meth:`keep_beams` once its live
+    beams are chosen, :meth:`keep` when sentences leave the batch; :meth:`finish` says which
+    hypotheses hold every phrase.
     """
 
     def __init__(
@@ -69,6 +74,7 @@ class Constraints:
                         f"sentence {i}: constraint {list(phrase)} must be a non-empty list of "
                         f"generated ids (below {vocab_size}, not {sorted(special)})"
                     )
+        self.phrases, self.eos_id = phrases, special[-1]
         B = len(phrases)
         C = max(len(s) for s in phrases)
         P = max(len(p) for s in phrases for p in s)
@@ -104,16 +110,25 @@ class Constraints:
             return None
         return cls(phrases, vocab_size, special, device)
 
-    def ban_eos(self, lprobs: Tensor, eos_id: int, last: Tensor, finished: Tensor) -> None:
+    def beam_log_probs(self, lprobs: Tensor, last: Tensor, fin_scores: Tensor) -> None:
         """Forbid eos (in ``lprobs`` (n, k, V), in place) to every beam with an unmet phrase,
-        unless its sentence is ``last`` (n,) at its length limit with nothing ``finished`` (n,)
-        and no beam that meets them all: then its best hypothesis ends anyway, unmet."""
+        unless its sentence is ``last`` (n,) at its length limit with no finished hypothesis
+        (``fin_scores`` (n, K), best first) and no beam that meets them all: then its best
+        hypothesis ends anyway, unmet."""
+        finished = fin_scores[:, 0].gt(float("-inf"))  # (n,)
         all_met = self.met.all(-1)  # (n, k)
         anyway = last & ~finished & ~all_met.any(1)  # (n,)
-        lprobs[..., eos_id].masked_fill_(~(all_met | anyway.unsqueeze(1)), float("-inf"))
+        lprobs[..., self.eos_id].masked_fill_(~(all_met | anyway.unsqueeze(1)), float("-inf"))
 
     def candidates(
-        self, lprobs: Tensor, cand_scores: Tensor, cand_beam: Tensor, cand_tok: Tensor
+        self,
+        lprobs: Tensor,
+        cand_scores: Tensor,
+        cand_beam: Tensor,
+        cand_tok: Tensor,
+        sentences: Tensor,
+        t: int,
+        last: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The step's 2K candidates by dynamic beam allocation, best first, in place of the
         search's: cand_* (n, 2K) its best scores, source beams and tokens; lprobs (n, k, V) each
@@ -178,3 +193,9 @@ class Constraints:
         """Keep sentences ``index`` (n',) in that order (as beam search keeps its rows)."""
         for name in ("tokens", "lengths", "table", "met", "progress"):
             setattr(self, name, getattr(self, name)[index])
+
+    def finish(self, hypotheses: list[list[Hypothesis]]) -> None:
+        """Mark each hypothesis with whether it holds every phrase of its sentence."""
+        for sentence_hyps, wanted in zip(hypotheses, self.phrases, strict=True):
+            for h in sentence_hyps:
+                h.constraints_met = all(contains(h.tokens, p) for p in wanted)

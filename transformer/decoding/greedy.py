@@ -17,8 +17,7 @@ import torch
 from torch import Tensor
 
 from transformer.decoding.options import DecodeOptions
-from transformer.decoding.prefix import ForcedPrefix
-from transformer.decoding.search import TokenBans, count_done, live_rows, search_inputs
+from transformer.decoding.search import count_done, live_rows, search_hooks, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
     Models,
@@ -84,9 +83,8 @@ def decode_rows(
     score: their log-probability, eos included, / length ** ``options.len_penalty``."""
     models, src_pad_mask, max_len = search_inputs(model, src, options, src_pad_mask, max_lengths)
     pad_id = models[0].cfg.pad_id
-    forced = ForcedPrefix.of(target_prefix, pad_id, bos_id, eos_id, options.score_prefix)
-    if forced is not None:
-        max_len = forced.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
+    hooks = search_hooks(models, src, options, bos_id, eos_id, target_prefix)
+    max_len = hooks.lengthen(max_len, min(m.cfg.max_positions for m in models) - 1)
     B, steps = src.size(0), int(max_len.max()) + 1
     every, device = sync_interval(options, src), src.device
     out = torch.full((B + 1, steps), pad_id, device=device)  # row B: padding rows' tokens
@@ -95,19 +93,13 @@ def decode_rows(
         stepper = Stepper(models, src, src_pad_mask, use_cache, steps, use_graphs(options, device))
         sentence = torch.arange(B, device=device)  # (n,) the unfinished ones' rows in `out`
         prefixes = torch.full((B, 1), bos_id, device=device)  # (n, t + 1)
-        bans = TokenBans(options, pad_id, bos_id, eos_id, device)
         ended = torch.zeros(B, dtype=torch.bool, device=device)  # (n,) past eos (sync_every > 1)
         for t in range(steps):  # t tokens generated so far
             lprobs = stepper.log_probs(prefixes)  # (n, V)
-            forcing = forced is not None and t < forced.steps
-            if forcing:  # rows in their prefix take its token t (n,), bans aside
-                in_prefix, prefix_token, prefix_gain = forced.at(lprobs, sentence, t)
-            lprobs = bans(lprobs, prefixes, t)
+            hooks.observe(lprobs, sentence, 1, t)
+            lprobs = hooks.log_probs(lprobs, prefixes, t)  # bans; a prefix's token alone
             token = choose(lprobs, sentence, t).masked_fill(t >= max_len, eos_id)  # (n,)
             gain = lprobs.gather(1, token.unsqueeze(1)).squeeze(1)  # (n,)
-            if forcing:
-                token = torch.where(in_prefix, prefix_token, token)
-                gain = torch.where(in_prefix, prefix_gain, gain)
             if every > 1:  # a row past its eos waits for the next read, adding nothing
                 token, gain = token.masked_fill(ended, pad_id), gain.masked_fill(ended, 0.0)
             out[sentence, t] = token
@@ -122,6 +114,7 @@ def decode_rows(
                 n_live = n - n_done
                 keep = live_rows(ended, n_live, size)  # (size,) padding rows: copies of the first
                 stepper.reorder(keep)
+                hooks.keep(keep)
                 sentence, prefixes, max_len = sentence[keep], prefixes[keep], max_len[keep]
                 ended = ended[keep]
                 if size > n_live:  # past eos from the start, their tokens in row B

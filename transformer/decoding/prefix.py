@@ -23,10 +23,15 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from transformer.decoding.hooks import SearchHook
 
-class ForcedPrefix:
+
+class ForcedPrefix(SearchHook):
     """The prefixes a search forces: ``tokens`` (B + 1, P) and ``lengths`` (B + 1,), the last row
-    a padding row's (no prefix), so that a batch's padding rows (index B) read it."""
+    a padding row's (no prefix), so that a batch's padding rows (index B) read it. As a
+    :class:`~transformer.decoding.hooks.SearchHook`: each sentence's maximum length raised to its
+    prefix's, its token at each step of the prefix (:meth:`observe`, then :meth:`log_probs`),
+    and no early eos after it (:meth:`candidates`)."""
 
     def __init__(
         self, target_prefix: Tensor, pad_id: int, bos_id: int, eos_id: int, score: bool
@@ -46,6 +51,7 @@ class ForcedPrefix:
         self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(1)])  # (B + 1,)
         self.steps, self.score = target_prefix.size(1), score
         self.pad_id, self.eos_id = pad_id, eos_id
+        self.step: tuple[Tensor, Tensor, Tensor] | None = None  # this step's :meth:`at`
 
     @classmethod
     def of(
@@ -72,6 +78,32 @@ class ForcedPrefix:
                 f"positions allow ({cap} tokens before eos)"
             )
         return torch.maximum(max_len, lengths)
+
+    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int) -> None:
+        """Within the prefixes (``t`` below their longest), which rows they force at this step,
+        read before any ban changes ``lprobs`` (:meth:`at`)."""
+        rows = sentences.repeat_interleave(k) if k > 1 else sentences  # (n * k,)
+        self.step = self.at(lprobs, rows, t) if t < self.steps else None
+
+    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
+        """Each forced row's prefix token alone (:meth:`only`), whatever was banned."""
+        return lprobs if self.step is None else self.only(lprobs, *self.step)
+
+    def candidates(
+        self,
+        lprobs: Tensor,
+        scores: Tensor,
+        beams: Tensor,
+        tokens: Tensor,
+        sentences: Tensor,
+        t: int,
+        last: Tensor,
+    ) -> tuple[Tensor, Tensor, Tensor]:
+        """At the first step after a sentence's prefix, only the best candidate may end
+        (:meth:`no_early_eos`)."""
+        if 0 < t <= self.steps:
+            tokens, scores = self.no_early_eos(tokens, scores, sentences, t, last)
+        return scores, beams, tokens
 
     def at(self, lprobs: Tensor, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
         """lprobs (N, V), before any ban, of rows of ``sentences`` (N,) at step ``t`` -> which

@@ -1,12 +1,16 @@
 """What the searches (greedy, beam, sampling) share around their loops: the inputs they start
-from, the ids each step bans, and how the rows of finished sentences leave the batch."""
+from, their hooks (:mod:`transformer.decoding.hooks`), the ids each step bans, and how the rows of
+finished sentences leave the batch."""
 
 from __future__ import annotations
 
 import torch
 from torch import Tensor
 
+from transformer.decoding.constraints import Constraints, Phrases
+from transformer.decoding.hooks import Hooks, SearchHook
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.prefix import ForcedPrefix
 from transformer.decoding.step import (
     Models,
     as_ensemble,
@@ -34,7 +38,28 @@ def search_inputs(
     return models, src_pad_mask, sentence_max_lengths(models, src_pad_mask, options, max_lengths)
 
 
-class TokenBans:
+def search_hooks(
+    models: list[Transformer],
+    src: Tensor,
+    options: DecodeOptions,
+    bos_id: int,
+    eos_id: int,
+    target_prefix: Tensor | None = None,
+    constraints: Phrases | None = None,
+) -> Hooks:
+    """A search's features as hooks, in the order each moment calls them: the banned ids, the
+    ``constraints`` (beam search), the ``target_prefix`` (B, P) forced (its token after the bans,
+    whatever they ban). Those not asked for are left out."""
+    pad_id, vocab_size = models[0].cfg.pad_id, models[0].cfg.tgt_vocab_size
+    special = (pad_id, bos_id, eos_id)
+    return Hooks(
+        TokenBans(options, pad_id, bos_id, eos_id, src.device),
+        Constraints.of(constraints, src.size(0), vocab_size, special, src.device),
+        ForcedPrefix.of(target_prefix, pad_id, bos_id, eos_id, options.score_prefix),
+    )
+
+
+class TokenBans(SearchHook):
     """The ids a step may not produce: pad and bos ever, eos before ``min_len`` tokens, and any
     that would repeat an n-gram of ``no_repeat_ngram_size`` (:func:`ban_repeated_ngrams`). The
     ids are index tensors made once, before the search's loop: nothing is copied in it."""
@@ -46,7 +71,7 @@ class TokenBans:
         self.too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
         self.min_len, self.ngram = options.min_len, options.no_repeat_ngram_size
 
-    def __call__(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
+    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
         """lprobs (N, V) of prefixes (N, t + 1), bos first, after t tokens generated -> (N, V),
         the banned ids at -inf (``lprobs`` is changed in place)."""
         lprobs.index_fill_(1, self.too_soon if t < self.min_len else self.never, float("-inf"))
