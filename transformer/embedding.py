@@ -32,6 +32,8 @@ class TransformerEmbedding(nn.Module):
     parameter, initialised as the token embeddings are), or anything else: none added.
     """
 
+    no_weight_decay = True  # its own parameter, the learned positions, is a looked-up table
+
     def __init__(
         self, tokens: nn.Embedding, max_positions: int, dropout: float,
         positions: str = "sinusoidal",

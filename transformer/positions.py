@@ -84,6 +84,8 @@ class RelativeBias(nn.Module):
     """One learned bias per head and bucket of relative distance, ``weight`` (buckets, H):
     -> (1, H, Tq, Tk) additive attention bias."""
 
+    no_weight_decay = True  # a looked-up table (transformer.training.optim.param_groups)
+
     def __init__(self, num_heads: int, bidirectional: bool) -> None:
         super().__init__()
         self.bidirectional = bidirectional

@@ -25,18 +25,19 @@ from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
-from transformer.embedding import TransformerEmbedding
-from transformer.positions import RelativeBias
 from transformer.training.budget import budget_progress, warn_if_epochs_end_first
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Two AdamW groups: matrices with ``weight_decay``, everything else with none."""
+    """Two AdamW groups: matrices with ``weight_decay``, everything else with none. Tables that
+    are looked up rather than multiplied are not decayed: an ``nn.Embedding``'s, and the own
+    parameters of a module whose class says ``no_weight_decay = True`` (learned positions,
+    relative biases)."""
     embeddings = {id(m.weight) for m in model.modules() if isinstance(m, nn.Embedding)}
-    embeddings |= {  # learned positions, relative biases: looked-up tables too
+    embeddings |= {
         id(p)
         for m in model.modules()
-        if isinstance(m, TransformerEmbedding | RelativeBias)
+        if getattr(m, "no_weight_decay", False)
         for p in m.parameters(recurse=False)
     }
     decay, no_decay = [], []
