@@ -41,7 +41,7 @@ from transformer.evaluation.guides import (
     named_guides,
     split_guides,
 )
-from transformer.export.ct2_translate import CT2Translator
+from transformer.export.ct2_translate import CT2Translator, check_options
 from transformer.metrics import score_translations
 from transformer.translate import Translator, decoding_device, decoding_dtype, load_translator
 
@@ -92,14 +92,10 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
     if not isinstance(per_token, bool):
         raise ConfigError(f"scoring.per_token must be true or false, got {per_token!r}")
     if engine == "ctranslate2":
-        for wrong, name in (
-            (cfg.ensemble, "ensemble=true"),
-            (cfg.score, "score=true"),
-            (options.strategy == "sample", "decode.strategy=sample"),
-            (options.alignment, "decode.alignment=true"),
-        ):
+        for wrong, name in ((cfg.ensemble, "ensemble=true"), (cfg.score, "score=true")):
             if wrong:
                 raise ConfigError(f"{name} runs our decoder; use engine=torch")
+        check_options(options)
     if analysis is not None and (cfg.ensemble or cfg.score):
         raise ConfigError(
             f"analysis={analysis} reads one model's attention on the split; leave out "

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import fields
 from pathlib import Path
 from typing import Any
 
@@ -23,7 +24,7 @@ import torch
 from transformer.data.tokenizer import BOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import max_output_lengths
-from transformer.errors import CheckpointError
+from transformer.errors import CheckpointError, ConfigError
 from transformer.export.ct2 import INFO_FILE, SPM_FILES, import_ctranslate2
 from transformer.translate import Translation, encode_lines, target_prefixes
 
@@ -37,6 +38,31 @@ def read_info(model_dir: str | os.PathLike) -> dict[str, Any]:
             "`python -m transformer.export ct2 CKPT OUT_DIR`"
         )
     return json.loads(path.read_text(encoding="utf-8"))
+
+
+# What becomes of each decode option (each field of DecodeOptions) on this engine; a field in
+# none of these is a test failure, so that a new option is declared here when it is added.
+MAPPED = {  # to translate_batch's arguments (search_kwargs), or to its per-call length limit
+    "strategy", "beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "nbest",
+    "no_repeat_ngram_size",
+}  # fmt: skip
+HOST = {"print_scores", "graphs", "sync_every"}  # how results are written, how ours runs
+OURS_ONLY = {  # only our decoder has them: a value but the default is refused
+    "temperature", "top_k", "top_p", "seed", "score_prefix", "alignment", "alignment_layer",
+    "alignment_head",
+}  # fmt: skip
+
+
+def check_options(options: DecodeOptions) -> None:
+    """Refuse, by name, what CTranslate2 would silently not do: sampling, and any option of
+    :data:`OURS_ONLY` away from its default."""
+    wrong = ["decode.strategy=sample"] if options.strategy == "sample" else []
+    for field in fields(options):
+        value = getattr(options, field.name)
+        if field.name in OURS_ONLY and value != field.default:
+            wrong.append(f"decode.{field.name}={str(value).lower() if value is True else value}")
+    if wrong:
+        raise ConfigError(f"{wrong[0]} runs our decoder; use engine=torch")
 
 
 def search_kwargs(options: DecodeOptions, pad: str, bos: str) -> dict[str, Any]:
