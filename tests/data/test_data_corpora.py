@@ -151,3 +151,23 @@ def test_a_tokenizer_trained_without_the_token_is_refused_by_name(tmp_path, corp
     dm = build(tmp_path, [{"root": str(corpora["parallel"])}])  # no tag, no target tokens
     with pytest.raises(DataError, match="has no piece <2de>: this SentencePiece model was trained"):
         dm.src_tokenizer.with_prefix(("<2de>",))
+
+
+def test_each_source_is_declared_once_and_every_place_reads_the_declaration() -> None:
+    """SOURCES names each data.source's options: together with the keys every source has they
+    are exactly what a data.corpora entry may set, data=<name>'s config sets each, and
+    evaluate.yaml lets each be set in place of the checkpoint's (but the training split)."""
+    from omegaconf import OmegaConf
+
+    from transformer.configs import CONFIG_DIR
+    from transformer.data.corpora import COMMON_KEYS, CORPUS_IDENTITY, CORPUS_KEYS, SOURCES
+
+    declared = set(COMMON_KEYS) | {k for kind in SOURCES.values() for k in kind.options}
+    assert declared == set(CORPUS_KEYS)
+    evaluate = OmegaConf.load(f"{CONFIG_DIR}/evaluate.yaml")
+    assert set(CORPUS_KEYS) - {"train_split"} <= set(evaluate.data)
+    assert set(CORPUS_IDENTITY) <= set(CORPUS_KEYS)
+    shared = set(OmegaConf.load(f"{CONFIG_DIR}/data/_shared.yaml"))
+    for name, kind in SOURCES.items():  # data=<name>: its config file sets what it reads
+        keys = shared | set(OmegaConf.load(f"{CONFIG_DIR}/data/{name}.yaml"))
+        assert set(COMMON_KEYS) | set(kind.options) <= keys, name

@@ -19,9 +19,8 @@ others (back-translated, distilled) are training data only (:class:`CorpusTexts`
 
 from __future__ import annotations
 
-import os
 import re
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -31,40 +30,61 @@ from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
 from transformer.data.text_files import ParallelText, checked
 from transformer.errors import DataError
 
-# What an entry of data.corpora may set for itself; missing keys come from data.*.
+# What an entry of data.corpora may set for itself; missing keys come from data.*: the keys of
+# every source, and those that a source of SOURCES reads (a test holds the two together).
 CORPUS_KEYS = (
     "source", "root", "src_lang", "tgt_lang", "train_split", "val_split", "test_split",
     "hf_name", "hf_config", "hf_path", "hf_revision", "hf_data_dir", "download",
 )  # fmt: skip
+COMMON_KEYS = ("source", "src_lang", "tgt_lang", "train_split", "val_split", "test_split")
 ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
 
 
-DEFAULT_SPLITS = {  # data.source -> its (train, val, test) split names
-    "multi30k": ("train", "val", "test_2016_flickr"),
-    "hf": ("train", "validation", "test"),
-    "local": ("train", "val", "test"),
+@dataclass(frozen=True)
+class SourceKind:
+    """What ``data.source=<name>`` is, declared once: how its corpus is made from a corpus's
+    options (:data:`CORPUS_KEYS`, nothing read yet), its default (train, val, test) split names,
+    the ``data.*`` keys it reads beyond :data:`COMMON_KEYS`, whether ``data.root`` must name its
+    files' directory, and which of its keys name its corpus (a resume must keep them)."""
+
+    make: Callable[[Mapping[str, Any]], CorpusSource]
+    splits: tuple[str, str, str]
+    options: tuple[str, ...]
+    needs_root: bool = False
+    identifies: tuple[str, ...] = ()
+
+
+def _multi30k(opts: Mapping[str, Any]) -> CorpusSource:
+    download = True if opts["download"] is None else opts["download"]
+    return Multi30kSource(opts["root"], opts["src_lang"], opts["tgt_lang"], download=download)
+
+
+def _hf(opts: Mapping[str, Any]) -> CorpusSource:
+    return HFSource(
+        opts["src_lang"], opts["tgt_lang"], opts["hf_name"], opts["hf_config"], opts["hf_path"],
+        opts["hf_revision"], opts["hf_data_dir"],
+    )  # fmt: skip
+
+
+def _local(opts: Mapping[str, Any]) -> CorpusSource:
+    return LocalSource(opts["root"], opts["src_lang"], opts["tgt_lang"])
+
+
+SOURCES = {  # data.source -> its kind
+    "multi30k": SourceKind(
+        _multi30k, ("train", "val", "test_2016_flickr"), ("root", "download"), needs_root=True
+    ),
+    "hf": SourceKind(
+        _hf,
+        ("train", "validation", "test"),
+        ("hf_name", "hf_config", "hf_path", "hf_revision", "hf_data_dir"),
+        identifies=("hf_name", "hf_config"),
+    ),
+    "local": SourceKind(_local, ("train", "val", "test"), ("root",), needs_root=True),
 }
-
-
-def make_source(
-    name: str,
-    root: str | os.PathLike | None,
-    src_lang: str,
-    tgt_lang: str,
-    download: bool = True,
-    hf_name: str | None = None,
-    hf_config: str | None = None,
-    hf_path: str | os.PathLike | None = None,
-    hf_revision: str | None = None,
-    hf_data_dir: str | None = None,
-) -> CorpusSource:
-    """The source that ``data.source=name`` reads; it checks its options and reads nothing."""
-    if name == "multi30k":
-        return Multi30kSource(root, src_lang, tgt_lang, download=download)
-    if name == "local":
-        return LocalSource(root, src_lang, tgt_lang)
-    return HFSource(src_lang, tgt_lang, hf_name, hf_config, hf_path, hf_revision, hf_data_dir)
+# What names a run's corpus, for every source: a resume must keep it
+CORPUS_IDENTITY = COMMON_KEYS[:3] + tuple(k for kind in SOURCES.values() for k in kind.identifies)
 
 
 def target_token(lang: str) -> str:
@@ -116,17 +136,13 @@ def make_corpora(
                 f"{where}.tag must be one token in angle brackets, e.g. <bt>; got {tag!r}"
             )
         name = opts["source"]
-        if name not in DEFAULT_SPLITS:
-            raise DataError(f"{where}.source must be one of {list(DEFAULT_SPLITS)}, got {name!r}")
-        if name in ("multi30k", "local") and opts["root"] is None:
+        if name not in SOURCES:
+            raise DataError(f"{where}.source must be one of {list(SOURCES)}, got {name!r}")
+        kind = SOURCES[name]
+        if kind.needs_root and opts["root"] is None:
             raise DataError(f"{where}.root is needed for source={name}: the directory of its files")
-        source = make_source(
-            name, opts["root"], opts["src_lang"], opts["tgt_lang"],
-            True if opts["download"] is None else opts["download"],
-            opts["hf_name"], opts["hf_config"], opts["hf_path"], opts["hf_revision"],
-            opts["hf_data_dir"],
-        )  # fmt: skip
-        train, val, test = DEFAULT_SPLITS[name]
+        source = kind.make(opts)
+        train, val, test = kind.splits
         splits = {
             "train": opts["train_split"] or train,
             "val": opts["val_split"] or val,

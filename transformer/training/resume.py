@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.config import TransformerConfig
-from transformer.data.corpora import corpus_options
+from transformer.data.corpora import CORPUS_IDENTITY, corpus_options
 from transformer.errors import CheckpointError, ConfigError
 from transformer.training.config_checks import show
 
@@ -27,8 +27,6 @@ FREE_MODEL_OPTIONS = (
     "dropout", "attention_dropout", "activation_dropout", "max_positions", "pad_id",
     "heads_per_layer",
 )  # fmt: skip
-# What a corpus of the run is, beside where it lies (data.root, data.hf_path)
-CORPUS_SETTINGS = ("source", "src_lang", "tgt_lang", "hf_name", "hf_config")
 NEW_RUN = "or start a new run (without ckpt_path)"
 
 
@@ -87,7 +85,7 @@ def check_data_settings(
             f"{len(now)}; resume with the corpora it was trained on, {NEW_RUN}"
         )
     for i, (was, new) in enumerate(zip(trained, now, strict=True)):
-        for key in CORPUS_SETTINGS:
+        for key in CORPUS_IDENTITY:
             option = f"data.corpora[{i}].{key}" if given.get("corpora") else f"data.{key}"
             differ[option] = was[key], new[key]
     differ = {option: values for option, values in differ.items() if values[0] != values[1]}
