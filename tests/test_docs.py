@@ -82,3 +82,17 @@ def test_the_site_builds_strictly(tmp_path: Path) -> None:
         text=True,
     )
     assert run.returncode == 0, run.stderr[-3000:]
+
+
+def test_the_development_layout_names_every_module_of_the_package() -> None:
+    """docs/development.md's layout: each module of transformer/ named in its folder's entry."""
+    text = (ROOT / "docs" / "development.md").read_text(encoding="utf-8")
+    layout = text.split("## Layout", 1)[1].split("```", 2)[1]
+    names = set(re.findall(r"[a-z_0-9]+", layout))
+    package = ROOT / "transformer"
+    missing = [
+        str(path.relative_to(package))
+        for path in package.rglob("*.py")
+        if path.stem not in ("__init__",) and path.stem not in names
+    ]
+    assert not missing, f"docs/development.md's layout leaves out {missing}"
