@@ -152,6 +152,7 @@ def attend(
     self_attention: bool,
     offset: int,
     cached: bool,
+    grouped: bool,
     dropout_p: float,
     need_weights: bool,
     backends: list[SDPBackend] | None,
@@ -160,16 +161,17 @@ def attend(
     ``need_weights``, the weights (B, H, Tq, Tk), through the kernel that fits the call.
 
     The mask is ``bias`` where the caller built one (additive, (B or 1, 1 or H, Tq or 1, Tk): the
-    layer stack's padding, a cache's length mask, or a ``relative`` position bias), else built
-    here from ``key_padding_mask`` (B, Tk) and ``causal`` (the queries sit at ``offset`` after
-    the keys' start). The weights need :func:`explicit_attention`. Otherwise a causal square
-    block of ``self_attention`` with no padding takes the kernels' fast causal path (square:
-    self-attention has Tk = offset + Tq, a test on plain ints that torch.compile's symbolic sizes
-    keep a bool), and one new query after the cache sees every key, so it needs no mask at all; a
-    ``cached`` step of one query on CPU runs :func:`step_attention`; the rest :func:`sdpa`,
-    restricted to ``backends`` when given. Keys and values of B / beams rows (beam search keeps
-    one set of cross-attention keys and values a sentence) serve the queries of its ``beams``
-    rows as one block of beams * Tq positions."""
+    layer stack's padding, a cache's length mask, or a ``relative`` position bias), else built here
+    from ``key_padding_mask`` (B, Tk) and ``causal`` (the queries sit at ``offset`` after the keys'
+    start). The weights need :func:`explicit_attention`. Otherwise a causal square block of
+    ``self_attention`` with no padding takes the kernels' fast causal path (square: self-attention
+    has Tk = offset + Tq, a test on plain ints that torch.compile's symbolic sizes keep a bool), and
+    one new query after the cache sees every key, so it needs no mask at all; a ``cached`` step of
+    one query on CPU runs :func:`step_attention`; the rest :func:`sdpa`, restricted to ``backends``
+    when given, told whether the keys and values are ``grouped`` (fewer heads than the queries: a
+    plain bool, where torch.compile would trace a size test). Keys and values of B / beams rows
+    (beam search keeps one set of cross-attention keys and values a sentence) serve the queries of
+    its ``beams`` rows as one block of beams * Tq positions."""
     beams, Tq, Tk = q.size(0) // k.size(0), q.size(2), k.size(2)
     if beams > 1:
         q = q.unflatten(0, (-1, beams)).transpose(1, 2).flatten(2, 3)  # (B/beams, H, beams*Tq, Dh)
@@ -194,7 +196,7 @@ def attend(
             with sdpa_kernel(backends, set_priority=True) if backends else nullcontext():
                 out = sdpa(
                     q, k, v, attn_mask=allowed, dropout_p=dropout_p, is_causal=fast_causal,
-                    enable_gqa=k.size(1) != q.size(1),
+                    enable_gqa=grouped,
                 )  # fmt: skip
     if beams > 1:  # back to one row per beam: (B, H, Tq, Dh) and (B, H, Tq, Tk)
         out = out.unflatten(2, (beams, Tq)).transpose(1, 2).flatten(0, 1)

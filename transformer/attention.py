@@ -177,7 +177,8 @@ class MultiheadAttention(nn.Module):
         out, weights = attend.attend(
             q, k, v, bias=bias, relative=self.bias_heads is not None,
             key_padding_mask=key_padding_mask, causal=causal, self_attention=not self.cross,
-            offset=offset, cached=cache is not None, dropout_p=dropout_p,
+            offset=offset, cached=cache is not None,
+            grouped=self.num_kv_heads != self.num_heads, dropout_p=dropout_p,
             need_weights=need_weights, backends=self.sdpa_backends,
         )  # fmt: skip
         if self.head_mask is not None:  # (H,), or (B, H): one gate per sentence and head
