@@ -68,12 +68,51 @@ def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) ->
     lowercased = sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
     assert written["bleu_lc"] == pytest.approx(lowercased)
     assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
-    assert "tok:13a" in written["signature"]["bleu"]
+    chrf_pp = sacrebleu.corpus_chrf(hyps, [refs], word_order=2).score
+    assert written["chrf_pp"] == pytest.approx(chrf_pp)
+    assert written["ter"] == pytest.approx(sacrebleu.corpus_ter(hyps, [refs]).score)
+    assert "tok:13a" in written["signature"]["bleu"] and "nw:2" in written["signature"]["chrf_pp"]
+    assert "tok:tercom" in written["signature"]["ter"]
     assert "case:lc" in written["signature"]["bleu_lc"]
     assert written["split"] == "test" and written["direction"] == "en-de"
     assert written["decode"]["beam_size"] == 3
     assert written["translate_seconds"] > 0
     assert written["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # device=auto
+
+
+@pytest.mark.slow
+def test_an_input_file_translated_and_scored_against_a_reference_scores_as_the_split(
+    trained, tmp_path, monkeypatch
+) -> None:
+    """input=FILE reference=FILE: the translations (into output=) scored as the split's are,
+    with the BLEU tokenizer of metrics.tokenize; from standard input, a reference of another
+    length is refused once the lines are counted, the translations kept."""
+    ckpt, corpus = trained
+    run = [f"ckpt_path={ckpt}", "decode=greedy", "metrics.tokenize=char"]
+    split = evaluate(compose_eval_cfg(run, tmp_path / "split"))
+    hyps, refs = lines(tmp_path / "split" / "hypotheses.txt"), lines(corpus / "test.de")
+    assert split["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score
+    )
+    assert "tok:char" in split["signature"]["bleu"] and "tok:char" in split["signature"]["bleu_lc"]
+    output, reference = tmp_path / "test.hyp.de", corpus / "test.de"
+    files = [f"input={corpus / 'test.en'}", f"reference={reference}", f"output={output}"]
+    scored = evaluate(compose_eval_cfg([*run, *files], tmp_path / "input"))
+    assert lines(output) == hyps and scored["lines"] == 32 and scored["output"] == str(output)
+    assert json.loads((tmp_path / "input" / "metrics.json").read_text()) == scored
+    for name in ("bleu", "bleu_lc", "chrf", "chrf_pp", "ter"):
+        assert scored[name] == pytest.approx(split[name]), name
+    assert scored["signature"] == split["signature"] and scored["num_sentences"] == 32
+    source = source_file(corpus, tmp_path / "source.en")  # 34 lines
+    stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(source.read_bytes())))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    kept = tmp_path / "stdin" / "hypotheses.txt"
+    message = (
+        rf"input=- has 34 lines but reference={reference} has 32: .*translations are in {kept}"
+    )
+    with pytest.raises(DataError, match=message):
+        evaluate(compose_eval_cfg([*run, "input=-", f"reference={reference}"], tmp_path / "stdin"))
+    assert len(lines(tmp_path / "stdin" / "hypotheses.txt")) == 34
 
 
 @pytest.mark.slow
@@ -266,6 +305,9 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "BLEU = " in done.stdout and "chrF = " in done.stdout and "nrefs:1" in done.stdout
+    assert (
+        "\nchrF++ = " in done.stdout and "\nTER = " in done.stdout and "tok:tercom" in done.stdout
+    )
     assert "sentences/s" in done.stdout
     assert (tmp_path / "score" / "metrics.json").is_file()
     piped = subprocess.run(

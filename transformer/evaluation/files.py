@@ -34,9 +34,11 @@ RESULTS = ("hypotheses.txt", "metrics.json", "scores.txt")  # a run's, in its ru
 
 def files_read(cfg: DictConfig, checkpoints: list[str]) -> list[str]:
     """Every file evaluate reads that is known before any work: ``input`` (not standard input),
-    ``prefixes``, ``constraints`` and the checkpoints (each file of an exported model directory,
-    its tokenizers among them). A split's files come with its corpus (:func:`check_outputs`)."""
-    given = [None if cfg.input == "-" else cfg.input, cfg.prefixes, cfg.get("constraints")]
+    ``prefixes``, ``constraints``, ``reference`` and the checkpoints (each file of an exported
+    model directory, its tokenizers among them). A split's files come with its corpus
+    (:func:`check_outputs`)."""
+    given = [None if cfg.input == "-" else cfg.input, cfg.prefixes, cfg.get("constraints"),
+             cfg.get("reference")]  # fmt: skip
     files = [str(p) for p in given if p is not None]
     for path in map(Path, checkpoints):
         files += (

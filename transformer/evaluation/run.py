@@ -1,10 +1,11 @@
 """``evaluate(cfg)``: score a checkpoint (or an ensemble) on a corpus split, translate a text file
-of any size, or score given translations (forced decoding).
+of any size (and score it against ``reference=FILE``), score given translations (forced decoding),
+or score a file of translations made elsewhere (``hypotheses=FILE reference=FILE``, no model).
 
-Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
-:func:`transformer.metrics.score_translations`, the function training's ``val/bleu`` uses. Files
-(``input=``, and forced scores) are processed a chunk of lines at a time and resumable
-(:mod:`transformer.evaluation.streaming`).
+Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, chrF++, TER, with signatures; BLEU's
+tokenizer ``metrics.tokenize``) from :func:`transformer.metrics.score_translations`, the function
+training's ``val/bleu`` uses. Files (``input=``, and forced scores) are processed a chunk of lines
+at a time and resumable (:mod:`transformer.evaluation.streaming`).
 """
 
 from __future__ import annotations
@@ -41,8 +42,13 @@ from transformer.evaluation.guides import (
     named_guides,
     split_guides,
 )
+from transformer.evaluation.references import (
+    check_references,
+    score_hypotheses,
+    score_translated,
+)
 from transformer.export.ct2_translate import CT2Translator, check_options
-from transformer.metrics import score_translations
+from transformer.metrics import check_tokenize, score_translations
 from transformer.translate import Translator, decoding_device, decoding_dtype, load_translator
 
 log = logging.getLogger(__name__)
@@ -113,7 +119,9 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         )
     if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
         raise ConfigError(f"input={cfg.input}: no such file")
+    check_tokenize(cfg.metrics.tokenize)
     check_guides(cfg, options, analysis)
+    check_references(cfg, options, analysis)
 
 
 def _ct2_translator(
@@ -153,17 +161,19 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     analysis = cfg.get("analysis")
     check_analysis(analysis)
     _check_modes(cfg, options, analysis)
+    out_dir = Path(cfg.paths.output_dir)
+    if cfg.hypotheses is not None:  # translations made elsewhere: no model
+        check_outputs(cfg, out_dir, [str(cfg.hypotheses), str(cfg.reference)])
+        _clear_results(out_dir)
+        return score_hypotheses(cfg, out_dir)
     device = decoding_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
     use_graphs(options, device)  # decode.graphs=true needs a GPU: said before any work
     fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
-    out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
     check_outputs(cfg, out_dir, files_read(cfg, checkpoints))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in RESULTS:  # no earlier run's results
-        (out_dir / name).unlink(missing_ok=True)
+    _clear_results(out_dir)
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
     elif engine == "torch":
@@ -182,7 +192,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         return {**result, "scoring": OmegaConf.to_container(cfg.scoring), "checkpoints": paths}
     if cfg.input is not None:
         result = translate_file(cfg, translator, options, max_tokens, out_dir)
-        return {**result, "decode": decode_settings, "checkpoints": paths}
+        result = {**result, "decode": decode_settings, "checkpoints": paths}
+        return result if cfg.reference is None else score_translated(cfg, result, out_dir)
     corpus = texts()
     if analysis is not None:
         split = corpus.pairs(cfg.split, cfg.direction)
@@ -202,6 +213,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "prefixes": cfg.prefixes,
     }
     return _score_split(cfg, translator, corpus, options, max_tokens, out_dir, run)
+
+
+def _clear_results(out_dir: Path) -> None:
+    """The run directory, without an earlier run's results (:data:`RESULTS`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in RESULTS:
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _score_split(
@@ -226,7 +244,7 @@ def _score_split(
         met.count(hypotheses, guides["constraints"], translator.tgt_tokenizer)
         run = {**run, "constraints": met.record()}
     metrics = {
-        **score_translations(hypotheses, pairs.tgt).to_dict(),
+        **score_translations(hypotheses, pairs.tgt, cfg.metrics.tokenize).to_dict(),
         "split": corpus.split_name(cfg.split, cfg.direction),  # the name
         "direction": cfg.direction or corpus.directions[0],
         "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading
