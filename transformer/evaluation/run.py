@@ -154,8 +154,10 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     ``cfg.paths.output_dir``; return the metrics. With ``input``, translate its lines into
     ``output`` (default: the run directory's hypotheses.txt); with ``score=true``, score given
     translations into ``output`` (default: scores.txt); either returns where they went
-    (:mod:`transformer.evaluation.files`). With ``analysis=heads|maps``, run that analysis on the
-    split instead (see :mod:`transformer.analysis.run`)."""
+    (:mod:`transformer.evaluation.files`), and with ``reference``, input's translations are
+    scored against it. With ``hypotheses`` and ``reference``, score those translations, without
+    a model (:mod:`transformer.evaluation.references`). With ``analysis=heads|maps``, run that
+    analysis on the split instead (see :mod:`transformer.analysis.run`)."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
