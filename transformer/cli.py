@@ -14,7 +14,6 @@ import contextlib
 import difflib
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -106,20 +105,15 @@ def train_main() -> None:
     run(_train, "train")
 
 
-def _print_file(path: str) -> None:
-    sys.stdout.flush()
-    with open(path, "rb") as f:
-        shutil.copyfileobj(f, sys.stdout.buffer)
-
-
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="evaluate")
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.evaluation import evaluate
     from transformer.evaluation.report import scores_report
 
+    results = sys.stdout.buffer  # translations and scores of files, written as they come
     try:  # stdout holds the results alone: what else prints while evaluating goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            result = evaluate(cfg)
+            result = evaluate(cfg, stdout=results)
     except UserError as err:  # bad options, checkpoints or data: the message says what to fix
         sys.exit(f"error: {err}")
     if "analysis" in result:
@@ -128,13 +122,10 @@ def _evaluate(cfg: DictConfig) -> None:
     if "bleu" in result:  # scores: the split's translations, input='s (reference=), hypotheses='s
         print(scores_report(result))
         return
-    if "output" in result:  # input=...'s translations or score=true's scores: a file
-        if cfg.output is None:  # the run directory's: to stdout
-            _print_file(result["output"])
-        else:
-            done = result["resumed_at"]
-            before = f" ({done} before this run)" if done else ""
-            print(f"{result['lines']} input lines{before}: {result['output']}")
+    if "output" in result and cfg.output is not None:  # input=...'s or score=true's: a file
+        done = result["resumed_at"]
+        before = f" ({done} before this run)" if done else ""
+        print(f"{result['lines']} input lines{before}: {result['output']}")
 
 
 def evaluate_main() -> None:

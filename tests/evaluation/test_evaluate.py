@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -329,6 +330,40 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     assert "error: checkpoint" in missing.stderr and "Traceback" not in missing.stderr
 
 
+@pytest.mark.slow
+def test_evaluate_py_prints_each_translation_of_standard_input_as_its_line_arrives(
+    trained, tmp_path
+) -> None:
+    """input=- with the writer holding the pipe open: a line's translation is on stdout (and
+    nothing else is) before the next line is written; the run's file holds them all."""
+    ckpt, corpus = trained
+    sources = lines(corpus / "test.en")[:2]
+    text = tmp_path / "two.en"
+    text.write_text("".join(s + "\n" for s in sources))
+    run = [f"ckpt_path={ckpt}", "decode=greedy"]
+    evaluate(compose_eval_cfg([*run, f"input={text}"], tmp_path / "file"))
+    expected = lines(tmp_path / "file" / "hypotheses.txt")
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "evaluate.py", *run, "input=-", f"hydra.run.dir={tmp_path / 'pipe'}"],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+        pool = ThreadPoolExecutor(1)
+        try:
+            for source, translation in zip(sources, expected, strict=True):
+                process.stdin.write(source.encode() + b"\n")
+                process.stdin.flush()
+                line = pool.submit(process.stdout.readline).result(timeout=120)
+                assert line.decode() == translation + "\n"
+            process.stdin.close()
+            assert process.wait(timeout=60) == 0, (tmp_path / "stderr.txt").read_text()
+            assert process.stdout.read() == b""  # nothing after the translations
+        finally:
+            process.kill()  # first: a readline still waiting for a line then ends
+            pool.shutdown()
+    assert lines(tmp_path / "pipe" / "hypotheses.txt") == expected
+
+
 # evaluate.py with transformer.evaluation.run.evaluate replaced by one that raises the given
 # exception.
 RAISING_EVALUATE = """
@@ -336,7 +371,7 @@ import runpy, sys
 import transformer.evaluation.run
 from transformer.errors import ConfigError
 
-def evaluate(cfg):
+def evaluate(cfg, stdout=None):
     raise {}
 
 transformer.evaluation.run.evaluate = evaluate

@@ -15,7 +15,7 @@ import logging
 import time
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -149,7 +149,7 @@ def _ct2_translator(
     return translator, {"datamodule_hyper_parameters": translator.info["data"]}, [model_dir]
 
 
-def evaluate(cfg: DictConfig) -> dict[str, Any]:
+def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
     ``cfg.paths.output_dir``; return the metrics. With ``input``, translate its lines into
     ``output`` (default: the run directory's hypotheses.txt); with ``score=true``, score given
@@ -157,7 +157,11 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     (:mod:`transformer.evaluation.files`), and with ``reference``, input's translations are
     scored against it. With ``hypotheses`` and ``reference``, score those translations, without
     a model (:mod:`transformer.evaluation.references`). With ``analysis=heads|maps``, run that
-    analysis on the split instead (see :mod:`transformer.analysis.run`)."""
+    analysis on the split instead (see :mod:`transformer.analysis.run`).
+
+    ``stdout`` (evaluate.py's standard output): without ``output`` (and ``reference``), input's
+    translations and score=true's scores go there as well as to the run directory's file, each
+    chunk once it is written, flushed; ``input=-``'s as its lines arrive."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
@@ -189,11 +193,12 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         # a multilingual model: its target token before each source line
         prefix = texts().source_prefix(cfg.direction)
         translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
+    echo = stdout if cfg.output is None and cfg.reference is None else None
     if cfg.score:
-        result = score_pairs(cfg, translator, max_tokens, out_dir, texts)
+        result = score_pairs(cfg, translator, max_tokens, out_dir, texts, echo)
         return {**result, "scoring": OmegaConf.to_container(cfg.scoring), "checkpoints": paths}
     if cfg.input is not None:
-        result = translate_file(cfg, translator, options, max_tokens, out_dir)
+        result = translate_file(cfg, translator, options, max_tokens, out_dir, echo)
         result = {**result, "decode": decode_settings, "checkpoints": paths}
         return result if cfg.reference is None else score_translated(cfg, result, out_dir)
     corpus = texts()
