@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import math
 import re
+import time
 from pathlib import Path
 
 import pytest
@@ -60,6 +61,21 @@ def test_several_directions_log_each_metric_per_direction_and_bleu_their_mean():
     assert metrics["val/bleu"] == pytest.approx(mean)
 
 
+def wandb_signatures(run: Path, wait: float = 60.0) -> dict[str, str]:
+    """The signatures in an offline wandb run's log (its summary updates, JSON values), by metric
+    name. wandb's service process writes the log: on a loaded machine its last records, the
+    summary's, can land after ``wandb.finish()`` returns, so the file is read until they are in
+    (or ``wait`` seconds have passed)."""
+    deadline = time.monotonic() + wait
+    while True:
+        records = run.read_bytes()
+        signatures = re.findall(rb"val/signature/(\w+)[^\"]*\"(nrefs:1\|[^\"]*)\"", records)
+        recorded = {name.decode(): value.decode() for name, value in signatures}
+        if set(recorded) >= set(METRICS) or time.monotonic() > deadline:
+            return recorded
+        time.sleep(0.5)
+
+
 @pytest.mark.slow
 def test_training_logs_chrf_pp_and_ter_and_puts_the_signatures_in_the_wandb_summary(
     corpus, tmp_path, caplog
@@ -80,8 +96,6 @@ def test_training_logs_chrf_pp_and_ter_and_puts_the_signatures_in_the_wandb_summ
     (row,) = [r for r in read_metrics(tmp_path) if r.get("val/bleu")]
     assert all(math.isfinite(float(row[f"val/{m}"])) for m in ("chrf_pp", "ter", "bleu_lc"))
     (run,) = Path(tmp_path, "wandb").glob("offline-run-*/run-*.wandb")
-    records = run.read_bytes()  # wandb's log of the run: its summary updates, JSON values
-    signatures = re.findall(rb"val/signature/(\w+)[^\"]*\"(nrefs:1\|[^\"]*)\"", records)
-    recorded = {name.decode(): value.decode() for name, value in signatures}
+    recorded = wandb_signatures(run)
     assert set(recorded) == set(METRICS)
     assert "tok:char" in recorded["bleu"] and "case:lc" in recorded["bleu_lc"]
