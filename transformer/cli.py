@@ -105,6 +105,14 @@ def train_main() -> None:
     run(_train, "train")
 
 
+def _stdout_to_devnull() -> None:
+    """Standard output, whose reader has gone, pointed at the null device: what Python still
+    has to flush there at exit is dropped rather than reported."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="evaluate")
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.evaluation import evaluate
@@ -116,6 +124,9 @@ def _evaluate(cfg: DictConfig) -> None:
             result = evaluate(cfg, stdout=results)
     except UserError as err:  # bad options, checkpoints or data: the message says what to fix
         sys.exit(f"error: {err}")
+    except BrokenPipeError:  # stdout's reader stopped reading (| head): stop quietly, as it asks
+        _stdout_to_devnull()
+        sys.exit(1)
     if "analysis" in result:
         print(f"analysis={result['analysis']}: written to {result['out_dir']}")
         return
