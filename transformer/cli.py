@@ -14,7 +14,6 @@ import contextlib
 import difflib
 import os
 import re
-import shutil
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -106,52 +105,38 @@ def train_main() -> None:
     run(_train, "train")
 
 
-def _print_file(path: str) -> None:
-    sys.stdout.flush()
-    with open(path, "rb") as f:
-        shutil.copyfileobj(f, sys.stdout.buffer)
+def _stdout_to_devnull() -> None:
+    """Standard output, whose reader has gone, pointed at the null device: what Python still
+    has to flush there at exit is dropped rather than reported."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
 
 
 @hydra.main(version_base="1.3", config_path=CONFIGS, config_name="evaluate")
 def _evaluate(cfg: DictConfig) -> None:
     from transformer.evaluation import evaluate
+    from transformer.evaluation.report import scores_report
 
+    results = sys.stdout.buffer  # translations and scores of files, written as they come
     try:  # stdout holds the results alone: what else prints while evaluating goes to stderr
         with contextlib.redirect_stdout(sys.stderr):
-            result = evaluate(cfg)
+            result = evaluate(cfg, stdout=results)
     except UserError as err:  # bad options, checkpoints or data: the message says what to fix
         sys.exit(f"error: {err}")
+    except BrokenPipeError:  # stdout's reader stopped reading (| head): stop quietly, as it asks
+        _stdout_to_devnull()
+        sys.exit(1)
     if "analysis" in result:
         print(f"analysis={result['analysis']}: written to {result['out_dir']}")
         return
-    if "output" in result:  # input=...'s translations or score=true's scores: a file
-        if cfg.output is None:  # the run directory's: to stdout
-            _print_file(result["output"])
-        else:
-            done = result["resumed_at"]
-            before = f" ({done} before this run)" if done else ""
-            print(f"{result['lines']} input lines{before}: {result['output']}")
+    if "bleu" in result:  # scores: the split's translations, input='s (reference=), hypotheses='s
+        print(scores_report(result))
         return
-    decode = result["decode"]
-    search = {
-        "greedy": "greedy",
-        "beam": f"beam {decode['beam_size']}, len_penalty {decode['len_penalty']}",
-        "sample": f"sample (temperature {decode['temperature']}, top_k {decode['top_k']}, "
-        f"top_p {decode['top_p']}, seed {decode['seed']})",
-    }[decode["strategy"]]
-    models = f"ensemble of {len(result['checkpoints'])}" if result["ensemble"] else ""
-    print(f"{result['split']} ({result['direction']}, {result['num_sentences']} sentences, "
-          f"{search}{', ' + models if models else ''})")  # fmt: skip
-    print(f"BLEU = {result['bleu']:.2f}  {result['signature']['bleu']}")
-    print(f"BLEU lowercased = {result['bleu_lc']:.2f}  {result['signature']['bleu_lc']}")
-    print(f"chrF = {result['chrf']:.2f}  {result['signature']['chrf']}")
-    if "constraints" in result:
-        met, total = result["constraints"]["met"], result["constraints"]["total"]
-        print(f"constraints met = {100 * met / max(total, 1):.1f}% ({met} of {total} phrases)")
-    seconds = result["translate_seconds"]
-    print(f"translated in {seconds:.1f} s by {result['engine']} on {result['device']} "
-          f"({result['dtype']}), "
-          f"{result['num_sentences'] / max(seconds, 1e-9):.1f} sentences/s")  # fmt: skip
+    if "output" in result and cfg.output is not None:  # input=...'s or score=true's: a file
+        done = result["resumed_at"]
+        before = f" ({done} before this run)" if done else ""
+        print(f"{result['lines']} input lines{before}: {result['output']}")
 
 
 def evaluate_main() -> None:

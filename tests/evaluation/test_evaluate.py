@@ -10,6 +10,7 @@ import re
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -68,12 +69,51 @@ def test_metrics_equal_sacrebleu_on_the_written_hypotheses(trained, tmp_path) ->
     lowercased = sacrebleu.corpus_bleu(hyps, [refs], lowercase=True).score
     assert written["bleu_lc"] == pytest.approx(lowercased)
     assert written["chrf"] == pytest.approx(sacrebleu.corpus_chrf(hyps, [refs]).score)
-    assert "tok:13a" in written["signature"]["bleu"]
+    chrf_pp = sacrebleu.corpus_chrf(hyps, [refs], word_order=2).score
+    assert written["chrf_pp"] == pytest.approx(chrf_pp)
+    assert written["ter"] == pytest.approx(sacrebleu.corpus_ter(hyps, [refs]).score)
+    assert "tok:13a" in written["signature"]["bleu"] and "nw:2" in written["signature"]["chrf_pp"]
+    assert "tok:tercom" in written["signature"]["ter"]
     assert "case:lc" in written["signature"]["bleu_lc"]
     assert written["split"] == "test" and written["direction"] == "en-de"
     assert written["decode"]["beam_size"] == 3
     assert written["translate_seconds"] > 0
     assert written["device"] == ("cuda" if torch.cuda.is_available() else "cpu")  # device=auto
+
+
+@pytest.mark.slow
+def test_an_input_file_translated_and_scored_against_a_reference_scores_as_the_split(
+    trained, tmp_path, monkeypatch
+) -> None:
+    """input=FILE reference=FILE: the translations (into output=) scored as the split's are,
+    with the BLEU tokenizer of metrics.tokenize; from standard input, a reference of another
+    length is refused once the lines are counted, the translations kept."""
+    ckpt, corpus = trained
+    run = [f"ckpt_path={ckpt}", "decode=greedy", "metrics.tokenize=char"]
+    split = evaluate(compose_eval_cfg(run, tmp_path / "split"))
+    hyps, refs = lines(tmp_path / "split" / "hypotheses.txt"), lines(corpus / "test.de")
+    assert split["bleu"] == pytest.approx(
+        sacrebleu.corpus_bleu(hyps, [refs], tokenize="char").score
+    )
+    assert "tok:char" in split["signature"]["bleu"] and "tok:char" in split["signature"]["bleu_lc"]
+    output, reference = tmp_path / "test.hyp.de", corpus / "test.de"
+    files = [f"input={corpus / 'test.en'}", f"reference={reference}", f"output={output}"]
+    scored = evaluate(compose_eval_cfg([*run, *files], tmp_path / "input"))
+    assert lines(output) == hyps and scored["lines"] == 32 and scored["output"] == str(output)
+    assert json.loads((tmp_path / "input" / "metrics.json").read_text()) == scored
+    for name in ("bleu", "bleu_lc", "chrf", "chrf_pp", "ter"):
+        assert scored[name] == pytest.approx(split[name]), name
+    assert scored["signature"] == split["signature"] and scored["num_sentences"] == 32
+    source = source_file(corpus, tmp_path / "source.en")  # 34 lines
+    stdin = io.TextIOWrapper(io.BufferedReader(io.BytesIO(source.read_bytes())))
+    monkeypatch.setattr(sys, "stdin", stdin)
+    kept = tmp_path / "stdin" / "hypotheses.txt"
+    message = (
+        rf"input=- has 34 lines but reference={reference} has 32: .*translations are in {kept}"
+    )
+    with pytest.raises(DataError, match=message):
+        evaluate(compose_eval_cfg([*run, "input=-", f"reference={reference}"], tmp_path / "stdin"))
+    assert len(lines(tmp_path / "stdin" / "hypotheses.txt")) == 34
 
 
 @pytest.mark.slow
@@ -266,6 +306,9 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert "BLEU = " in done.stdout and "chrF = " in done.stdout and "nrefs:1" in done.stdout
+    assert (
+        "\nchrF++ = " in done.stdout and "\nTER = " in done.stdout and "tok:tercom" in done.stdout
+    )
     assert "sentences/s" in done.stdout
     assert (tmp_path / "score" / "metrics.json").is_file()
     piped = subprocess.run(
@@ -287,6 +330,43 @@ def test_evaluate_py_prints_scores_and_reads_stdin(trained, tmp_path) -> None:
     assert "error: checkpoint" in missing.stderr and "Traceback" not in missing.stderr
 
 
+@pytest.mark.slow
+def test_evaluate_py_prints_each_translation_of_standard_input_as_its_line_arrives(
+    trained, tmp_path
+) -> None:
+    """input=- with the writer holding the pipe open: a line's translation is on stdout (and
+    nothing else is) before the next line is written; the run's file holds them all. A reader
+    that stops reading (| head) ends the run quietly."""
+    ckpt, corpus = trained
+    sources = lines(corpus / "test.en")[:3]
+    text = tmp_path / "three.en"
+    text.write_text("".join(s + "\n" for s in sources))
+    run = [f"ckpt_path={ckpt}", "decode=greedy"]
+    evaluate(compose_eval_cfg([*run, f"input={text}"], tmp_path / "file"))
+    expected = lines(tmp_path / "file" / "hypotheses.txt")
+    with open(tmp_path / "stderr.txt", "wb") as stderr:
+        process = subprocess.Popen(
+            [sys.executable, "evaluate.py", *run, "input=-", f"hydra.run.dir={tmp_path / 'pipe'}"],
+            cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=stderr,
+        )  # fmt: skip
+        pool = ThreadPoolExecutor(1)
+        try:
+            for source, translation in zip(sources[:2], expected, strict=False):
+                process.stdin.write(source.encode() + b"\n")
+                process.stdin.flush()
+                line = pool.submit(process.stdout.readline).result(timeout=120)
+                assert line.decode() == translation + "\n"
+            process.stdout.close()  # the reader goes: the next translation has nowhere to go
+            process.stdin.write(sources[2].encode() + b"\n")
+            process.stdin.close()
+            assert process.wait(timeout=60) == 1
+        finally:
+            process.kill()  # first: a readline still waiting for a line then ends
+            pool.shutdown()
+    assert (tmp_path / "stderr.txt").read_text().count("Traceback") == 0
+    assert lines(tmp_path / "pipe" / "hypotheses.txt") == expected  # the third's chunk too
+
+
 # evaluate.py with transformer.evaluation.run.evaluate replaced by one that raises the given
 # exception.
 RAISING_EVALUATE = """
@@ -294,7 +374,7 @@ import runpy, sys
 import transformer.evaluation.run
 from transformer.errors import ConfigError
 
-def evaluate(cfg):
+def evaluate(cfg, stdout=None):
     raise {}
 
 transformer.evaluation.run.evaluate = evaluate

@@ -203,6 +203,10 @@ def test_misspelt_option_is_named():
         ("validation.max_tokens=64", r"validation\.max_tokens=64 needs .* max_len=128 pieces"),
         ("validation.max_tokens=big", "validation.max_tokens must be a whole number or null"),
         ("data.spm_sampling.alpha=2", r"data\.spm_sampling\.alpha=2 is out of range: .*alpha=null"),
+        (
+            "metrics.tokenize=13b",
+            r"metrics\.tokenize=13b is not one of sacreBLEU's BLEU tokenizers",
+        ),
     ],
 )
 def test_invalid_value_fails_before_data_work(override, message, tmp_path):

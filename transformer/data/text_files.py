@@ -158,8 +158,8 @@ def line_blocks(reads: Iterable[bytes], origin: str) -> Iterator[list[str]]:
     rest, line, first = b"", 1, True
     for data in reads:
         data = rest + data
-        if first:  # once the first 4 bytes (the longest mark) are in
-            if len(data) < 4:
+        if first:  # once the first 4 bytes (the longest mark) are in, or a line end (no mark's)
+            if len(data) < 4 and b"\n" not in data:
                 rest = data
                 continue
             data, first = _drop_bom(data, origin), False

@@ -1,6 +1,7 @@
 """evaluate's file modes: translate ``input=FILE`` (``decode.nbest`` lines a line) and score pairs
 (``score=true``: a split's, or ``input=FILE``'s ``source<TAB>target`` lines), written to
-``output`` a chunk of lines at a time and resumed after the lines it already holds
+``output`` a chunk of lines at a time and resumed after the lines it already holds, and to
+evaluate.py's standard output as they come when there is no ``output``
 (:mod:`transformer.evaluation.streaming`).
 """
 
@@ -11,17 +12,17 @@ import os
 from collections.abc import Callable, Iterable, Iterator
 from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from omegaconf import DictConfig
 
 from transformer.data.corpora import CorpusTexts
-from transformer.data.text_files import line_count, read_line_chunks
+from transformer.data.text_files import iter_line_blocks, line_count, read_line_chunks
 from transformer.decoding import DecodeOptions
 from transformer.decoding.scoring import sentence_score
 from transformer.errors import ConfigError, DataError
 from transformer.evaluation.guides import ConstraintsMet, input_guides, named_guides
-from transformer.evaluation.streaming import append_chunks, whole_items
+from transformer.evaluation.streaming import append_chunks, live_chunks, whole_items
 from transformer.export.ct2_translate import CT2Translator
 from transformer.outputs import check_not_input, same_file
 from transformer.translate import Translator, output_lines
@@ -34,9 +35,11 @@ RESULTS = ("hypotheses.txt", "metrics.json", "scores.txt")  # a run's, in its ru
 
 def files_read(cfg: DictConfig, checkpoints: list[str]) -> list[str]:
     """Every file evaluate reads that is known before any work: ``input`` (not standard input),
-    ``prefixes``, ``constraints`` and the checkpoints (each file of an exported model directory,
-    its tokenizers among them). A split's files come with its corpus (:func:`check_outputs`)."""
-    given = [None if cfg.input == "-" else cfg.input, cfg.prefixes, cfg.get("constraints")]
+    ``prefixes``, ``constraints``, ``reference`` and the checkpoints (each file of an exported
+    model directory, its tokenizers among them). A split's files come with its corpus
+    (:func:`check_outputs`)."""
+    given = [None if cfg.input == "-" else cfg.input, cfg.prefixes, cfg.get("constraints"),
+             cfg.get("reference")]  # fmt: skip
     files = [str(p) for p in given if p is not None]
     for path in map(Path, checkpoints):
         files += (
@@ -112,12 +115,16 @@ def _input_file(
     cfg: DictConfig, out_dir: Path, default: str, lines_per_item: int
 ) -> tuple[Path, int, Iterator[tuple[int, list[str]]], int | None]:
     """``input``'s results file and the items it holds (:func:`_output`), the lines still to do
-    in chunks (each with its first line's index), and its line count if known without reading
-    it through (for the progress bar)."""
+    in chunks (each with its first line's index; standard input's as its lines arrive:
+    :func:`transformer.evaluation.streaming.live_chunks`), and its line count if known without
+    reading it through (for the progress bar)."""
     source = str(cfg.input)
     count = partial(line_count, source, read_through=True)
     path, done = _output(cfg, out_dir, default, lines_per_item, count, f"input={source}")
-    chunks = read_line_chunks(source, cfg.input_chunk, skip=done)
+    if source == "-":  # as the lines arrive (resuming is refused: done is 0)
+        chunks = live_chunks(iter_line_blocks(source), cfg.input_chunk)
+    else:
+        chunks = read_line_chunks(source, cfg.input_chunk, skip=done)
     return path, done, chunks, line_count(source, read_through=False)
 
 
@@ -127,10 +134,11 @@ def translate_file(
     options: DecodeOptions,
     max_tokens: int,
     out_dir: Path,
+    echo: IO[bytes] | None = None,
 ) -> dict[str, Any]:
-    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come;
-    with ``prefixes=FILE`` and ``constraints=FILE``, each line's read beside it
-    (:func:`transformer.evaluation.guides.input_guides`)."""
+    """input=FILE: its translations, ``options.nbest`` lines per line, written as they come (to
+    ``echo`` too, flushed, when given); with ``prefixes=FILE`` and ``constraints=FILE``, each
+    line's read beside it (:func:`transformer.evaluation.guides.input_guides`)."""
     path, done, chunks, total = _input_file(cfg, out_dir, "hypotheses.txt", options.nbest)
     chunks, wanted = input_guides(cfg, chunks, done)  # wanted: each line's phrases, or None
     met = None if wanted is None else ConstraintsMet(cfg)
@@ -147,7 +155,7 @@ def translate_file(
             met.count([t[0].text for t in out], phrases, translator.tgt_tokenizer)
         return output_lines(out, options)
 
-    written = append_chunks(path, chunks, translate, total, done)
+    written = append_chunks(path, chunks, translate, total, done, echo)
     result = {"output": str(path), "lines": done + written, "resumed_at": done}
     if met is not None:  # of the lines translated by this run
         result["constraints"] = met.record()
@@ -160,9 +168,11 @@ def score_pairs(
     max_tokens: int,
     out_dir: Path,
     texts: Callable[[], CorpusTexts],
+    echo: IO[bytes] | None = None,
 ) -> dict[str, Any]:
     """score=true: the forced score of each pair of the split (of ``texts()``, the checkpoint's
-    corpus) or of input=FILE's ``source<TAB>target`` lines, one line each."""
+    corpus) or of input=FILE's ``source<TAB>target`` lines, one line each (to ``echo`` too,
+    flushed, when given)."""
     len_penalty, per_token = float(cfg.scoring.len_penalty), cfg.scoring.per_token
     if cfg.input is not None:
         path, done, lines, total = _input_file(cfg, out_dir, "scores.txt", 1)
@@ -186,7 +196,7 @@ def score_pairs(
             out.append(line + tokens)
         return out
 
-    written = append_chunks(path, chunks, score, total, done)
+    written = append_chunks(path, chunks, score, total, done, echo)
     return {"output": str(path), "lines": done + written, "resumed_at": done}
 
 

@@ -8,13 +8,13 @@ from __future__ import annotations
 import contextlib
 import logging
 from collections.abc import Iterator, Sequence
-from itertools import zip_longest
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig
 
-from transformer.data.text_files import line_count, read_line_chunks, read_lines
+from transformer.data.text_files import iter_line_blocks, line_count, read_lines
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, DataError, GuideError
@@ -124,27 +124,31 @@ def input_guides(
 def _with_prefixes(
     cfg: DictConfig, chunks: Iterator[tuple[int, list[str]]], done: int, lines: int | None
 ) -> Iterator[tuple[int, list[tuple[str, str]]]]:
-    """input=...'s chunks of lines as chunks of (line, its prefix) pairs, ``prefixes=FILE``
-    read in the same chunks from line ``done`` on. ``lines``: the input's line count (None for
-    standard input). Line counts are compared here, before any translation (input=FILE), or as
-    the lines come (input=-): a difference is a DataError naming both files and their counts,
-    never a misalignment."""
+    """input=...'s chunks of lines as chunks of (line, its prefix) pairs, ``prefixes=FILE`` read
+    line for line beside them from line ``done`` on (the chunks of standard input have the
+    sizes its lines arrive in). ``lines``: the input's line count (None for standard input).
+    Line counts are compared here, before any translation (input=FILE), or as the lines come
+    (input=-): a difference is a DataError naming both files and their counts, never a
+    misalignment."""
     source, counted = str(cfg.input), line_count(str(cfg.prefixes), read_through=True)
     if lines is not None and lines != counted:
         raise _count_mismatch(cfg, counted, f"input={source}", lines)
-    prefix_chunks = read_line_chunks(str(cfg.prefixes), cfg.input_chunk, done)
-    return _paired(cfg, chunks, prefix_chunks, counted)
+    given = islice(chain.from_iterable(iter_line_blocks(str(cfg.prefixes))), done, None)
+    return _paired(cfg, chunks, given, counted, done)
 
 
 def _paired(
     cfg: DictConfig,
     chunks: Iterator[tuple[int, list[str]]],
-    prefix_chunks: Iterator[tuple[int, list[str]]],
+    prefixes: Iterator[str],
     counted: int,
+    seen: int,
 ) -> Iterator[tuple[int, list[tuple[str, str]]]]:
-    for (first, chunk), (start, given) in zip_longest(chunks, prefix_chunks, fillvalue=(-1, [])):
-        if len(chunk) != len(given):  # the shorter chunk is its file's last
-            seen = max(first, start) + len(chunk)
-            lines = f"{seen} or more" if len(chunk) > len(given) else seen
-            raise _count_mismatch(cfg, counted, f"input={cfg.input}", lines)
+    for first, chunk in chunks:
+        given = list(islice(prefixes, len(chunk)))
+        seen = first + len(chunk)
+        if len(given) < len(chunk):  # the prefixes ended first
+            raise _count_mismatch(cfg, counted, f"input={cfg.input}", f"{seen} or more")
         yield first, list(zip(chunk, given, strict=True))
+    if next(prefixes, None) is not None:  # the input ended first
+        raise _count_mismatch(cfg, counted, f"input={cfg.input}", seen)

@@ -1,10 +1,11 @@
 """``evaluate(cfg)``: score a checkpoint (or an ensemble) on a corpus split, translate a text file
-of any size, or score given translations (forced decoding).
+of any size (and score it against ``reference=FILE``), score given translations (forced decoding),
+or score a file of translations made elsewhere (``hypotheses=FILE reference=FILE``, no model).
 
-Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, with signatures) from
-:func:`transformer.metrics.score_translations`, the function training's ``val/bleu`` uses. Files
-(``input=``, and forced scores) are processed a chunk of lines at a time and resumable
-(:mod:`transformer.evaluation.streaming`).
+Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, chrF++, TER, with signatures; BLEU's
+tokenizer ``metrics.tokenize``) from :func:`transformer.metrics.score_translations`, the function
+training's ``val/bleu`` uses. Files (``input=``, and forced scores) are processed a chunk of lines
+at a time and resumable (:mod:`transformer.evaluation.streaming`).
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import logging
 import time
 from functools import cache, partial
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import torch
 from omegaconf import DictConfig, OmegaConf
@@ -41,8 +42,13 @@ from transformer.evaluation.guides import (
     named_guides,
     split_guides,
 )
+from transformer.evaluation.references import (
+    check_references,
+    score_hypotheses,
+    score_translated,
+)
 from transformer.export.ct2_translate import CT2Translator, check_options
-from transformer.metrics import score_translations
+from transformer.metrics import check_tokenize, score_translations
 from transformer.translate import Translator, decoding_device, decoding_dtype, load_translator
 
 log = logging.getLogger(__name__)
@@ -113,7 +119,9 @@ def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) 
         )
     if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
         raise ConfigError(f"input={cfg.input}: no such file")
+    check_tokenize(cfg.metrics.tokenize)
     check_guides(cfg, options, analysis)
+    check_references(cfg, options, analysis)
 
 
 def _ct2_translator(
@@ -141,29 +149,37 @@ def _ct2_translator(
     return translator, {"datamodule_hyper_parameters": translator.info["data"]}, [model_dir]
 
 
-def evaluate(cfg: DictConfig) -> dict[str, Any]:
+def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]:
     """Translate and score as configured; write hypotheses.txt (and metrics.json) to
     ``cfg.paths.output_dir``; return the metrics. With ``input``, translate its lines into
     ``output`` (default: the run directory's hypotheses.txt); with ``score=true``, score given
     translations into ``output`` (default: scores.txt); either returns where they went
-    (:mod:`transformer.evaluation.files`). With ``analysis=heads|maps``, run that analysis on the
-    split instead (see :mod:`transformer.analysis.run`)."""
+    (:mod:`transformer.evaluation.files`), and with ``reference``, input's translations are
+    scored against it. With ``hypotheses`` and ``reference``, score those translations, without
+    a model (:mod:`transformer.evaluation.references`). With ``analysis=heads|maps``, run that
+    analysis on the split instead (see :mod:`transformer.analysis.run`).
+
+    ``stdout`` (evaluate.py's standard output): without ``output`` (and ``reference``), input's
+    translations and score=true's scores go there as well as to the run directory's file, each
+    chunk once it is written, flushed; ``input=-``'s as its lines arrive."""
     decode_settings = OmegaConf.to_container(cfg.decode)
     options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
     check_analysis(analysis)
     _check_modes(cfg, options, analysis)
+    out_dir = Path(cfg.paths.output_dir)
+    if cfg.hypotheses is not None:  # translations made elsewhere: no model
+        check_outputs(cfg, out_dir, [str(cfg.hypotheses), str(cfg.reference)])
+        _clear_results(out_dir)
+        return score_hypotheses(cfg, out_dir)
     device = decoding_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
     use_graphs(options, device)  # decode.graphs=true needs a GPU: said before any work
     fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
-    out_dir = Path(cfg.paths.output_dir)
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
     check_outputs(cfg, out_dir, files_read(cfg, checkpoints))
-    out_dir.mkdir(parents=True, exist_ok=True)
-    for name in RESULTS:  # no earlier run's results
-        (out_dir / name).unlink(missing_ok=True)
+    _clear_results(out_dir)
     if engine == "ctranslate2":
         translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
     elif engine == "torch":
@@ -177,12 +193,14 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         # a multilingual model: its target token before each source line
         prefix = texts().source_prefix(cfg.direction)
         translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
+    echo = stdout if cfg.output is None and cfg.reference is None else None
     if cfg.score:
-        result = score_pairs(cfg, translator, max_tokens, out_dir, texts)
+        result = score_pairs(cfg, translator, max_tokens, out_dir, texts, echo)
         return {**result, "scoring": OmegaConf.to_container(cfg.scoring), "checkpoints": paths}
     if cfg.input is not None:
-        result = translate_file(cfg, translator, options, max_tokens, out_dir)
-        return {**result, "decode": decode_settings, "checkpoints": paths}
+        result = translate_file(cfg, translator, options, max_tokens, out_dir, echo)
+        result = {**result, "decode": decode_settings, "checkpoints": paths}
+        return result if cfg.reference is None else score_translated(cfg, result, out_dir)
     corpus = texts()
     if analysis is not None:
         split = corpus.pairs(cfg.split, cfg.direction)
@@ -202,6 +220,13 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "prefixes": cfg.prefixes,
     }
     return _score_split(cfg, translator, corpus, options, max_tokens, out_dir, run)
+
+
+def _clear_results(out_dir: Path) -> None:
+    """The run directory, without an earlier run's results (:data:`RESULTS`)."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    for name in RESULTS:
+        (out_dir / name).unlink(missing_ok=True)
 
 
 def _score_split(
@@ -226,7 +251,7 @@ def _score_split(
         met.count(hypotheses, guides["constraints"], translator.tgt_tokenizer)
         run = {**run, "constraints": met.record()}
     metrics = {
-        **score_translations(hypotheses, pairs.tgt).to_dict(),
+        **score_translations(hypotheses, pairs.tgt, cfg.metrics.tokenize).to_dict(),
         "split": corpus.split_name(cfg.split, cfg.direction),  # the name
         "direction": cfg.direction or corpus.directions[0],
         "translate_seconds": round(seconds, 3),  # tokenize, decode, detokenize; not loading

@@ -21,10 +21,11 @@ from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding.options import validation_decoding
+from transformer.metrics import TOKENIZE, check_tokenize
 from transformer.model import Transformer
 from transformer.precision import AutocastWeights
 from transformer.training.freeze import freeze as freeze_parts
-from transformer.training.loggers import host_scalar, logs_after
+from transformer.training.loggers import host_scalar, log_summary, logs_after
 from transformer.training.loss import (
     LOSS_KERNELS,
     check_label_smoothing,
@@ -34,7 +35,12 @@ from transformer.training.loss import (
 from transformer.training.nonfinite import NonFiniteSteps
 from transformer.training.optim import clip_gradients, configure_optimizers, gradient_norm
 from transformer.training.step import CompiledLayers, compiled_hidden_states, hidden_states
-from transformer.training.validation_bleu import bleu_metrics, score_directions, translate_batch
+from transformer.training.validation_bleu import (
+    bleu_metrics,
+    score_directions,
+    signature_summary,
+    translate_batch,
+)
 
 log = logging.getLogger(__name__)
 
@@ -62,6 +68,8 @@ class TranslationModule(L.LightningModule):
             (``strategy``: ``greedy`` unless given, or ``beam``; ``beam_size``, ``len_penalty``,
             ``max_len_a``, ...); missing ones take its defaults, invalid ones raise ValueError.
         val_bleu_sentences: decode the first N validation sentences for BLEU (None: all; 0: none).
+        bleu_tokenize: sacreBLEU's tokenizer for validation BLEU (``metrics.tokenize``; 13a,
+            intl, zh, ja-mecab, char, ...: :func:`transformer.metrics.check_tokenize`).
         max_bad_steps: a step whose loss or gradient is NaN or inf is skipped (no update) and
             counted; this many in a row stop training with :class:`NonFiniteLoss`.
         compile_model: ``torch.compile`` the model's teacher-forced forward pass in training
@@ -88,6 +96,7 @@ class TranslationModule(L.LightningModule):
         loss_kernel: Literal["auto", "chunked", "compiled", "liger"] = "auto",
         decoding: dict[str, Any] | None = None,
         val_bleu_sentences: int | None = None,
+        bleu_tokenize: str = TOKENIZE,
         max_bad_steps: int = 10,
         compile_model: bool | Literal["layers"] = False,
         compile_backend: str = "inductor",
@@ -120,6 +129,7 @@ class TranslationModule(L.LightningModule):
         self.loss_kernel = "chunked" if loss_kernel == "auto" else loss_kernel
         self.decoding = validation_decoding(decoding)
         self.val_bleu_sentences = val_bleu_sentences
+        self.bleu_tokenize = check_tokenize(bleu_tokenize)
         self.nonfinite = NonFiniteSteps(max_bad_steps)
         self._last_batch_time: float | None = None
         self._rng_to_restore: dict[str, Any] | None = None
@@ -299,10 +309,13 @@ class TranslationModule(L.LightningModule):
             return
         directions = self.trainer.datamodule.directions
         world_size = self.trainer.world_size
-        scores = score_directions(self.trainer.datamodule, self._val_hyps, world_size)
+        scores = score_directions(
+            self.trainer.datamodule, self._val_hyps, world_size, self.bleu_tokenize
+        )
         for name, value in bleu_metrics(scores, directions).items():
             self.log(name, value, prog_bar=name == "val/bleu")
         if self.global_rank == 0:
+            log_summary(self.loggers, signature_summary(scores))
             for direction, score in scores.items():
                 log.info(
                     "step %d: val BLEU %.2f on %d sentences%s (%s)",
@@ -310,7 +323,7 @@ class TranslationModule(L.LightningModule):
                     score.bleu,
                     score.num_sentences,
                     f", {direction}" if len(directions) > 1 else "",
-                    score.bleu_signature,
+                    score.signatures["bleu"],
                 )
 
     # -- checkpoints -------------------------------------------------------------------------

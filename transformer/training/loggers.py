@@ -1,5 +1,6 @@
 """Experiment loggers: what a training step logs without a device sync (:func:`host_scalar`,
-:func:`logs_after`); wandb that falls back to offline mode instead of failing or hanging.
+:func:`logs_after`); what describes a run rather than a step, in wandb's run summary
+(:func:`log_summary`); wandb that falls back to offline mode instead of failing or hanging.
 
 wandb needs an API key to log online. Without one (no ``WANDB_API_KEY``, no entry for the wandb
 host in ``~/.netrc``), or when starting the online run fails (no network), the run is logged
@@ -12,12 +13,13 @@ from __future__ import annotations
 import logging
 import netrc
 import os
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 import torch
 from lightning.pytorch.loggers import WandbLogger
-from lightning.pytorch.loggers.logger import rank_zero_experiment
+from lightning.pytorch.loggers.logger import Logger, rank_zero_experiment
 from torch import Tensor
 
 log = logging.getLogger(__name__)
@@ -36,6 +38,16 @@ def logs_after(step: int, log_every_n_steps: int) -> bool:
     """Whether Lightning's loggers read the values logged by optimizer step ``step`` (0-based):
     those of every ``log_every_n_steps``-th step. A device value read then costs no extra sync."""
     return log_every_n_steps > 0 and (step + 1) % log_every_n_steps == 0
+
+
+def log_summary(loggers: Iterable[Logger], values: dict[str, str]) -> None:
+    """``values`` (sacreBLEU's signatures) into the run summary of each wandb logger, online or
+    offline (the other loggers have no summary). Rank zero only: the others hold no run."""
+    if not values:
+        return
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            logger.experiment.summary.update(values)
 
 
 def wandb_api_key_available() -> bool:

@@ -26,6 +26,7 @@ from transformer.checkpoints import load_checkpoint, stored_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.errors import ConfigError
+from transformer.metrics import TOKENIZE
 from transformer.training import config_checks as checks
 from transformer.training import run_dir
 from transformer.training.finetune import initial_checkpoint, initial_weights
@@ -167,6 +168,7 @@ def build_module(cfg: DictConfig, model_cfg: TransformerConfig) -> TranslationMo
         loss_kernel=cfg.loss.get("kernel", "auto"),
         decoding=OmegaConf.to_container(cfg.validation.decoding, resolve=True),
         val_bleu_sentences=cfg.validation.bleu_sentences,
+        bleu_tokenize=(cfg.get("metrics") or {}).get("tokenize", TOKENIZE),
         max_bad_steps=int(cfg.loss.max_bad_steps),
         compile_model=cfg.get("compile", False),
         compile_backend=cfg.get("compile_backend", "inductor"),

@@ -1,6 +1,7 @@
 """Validation BLEU: the first ``validation.bleu_sentences`` sentences of each validation loader
 (one a translation direction) decoded with ``validation.decoding``, gathered from every rank and
-scored against the references."""
+scored against the references (sacreBLEU's metrics, :data:`transformer.metrics.METRICS`, BLEU
+with the ``metrics.tokenize`` tokenizer)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import Tokenizer
 from transformer.decoding import DecodeOptions
-from transformer.metrics import TranslationScores, score_translations
+from transformer.metrics import METRICS, TOKENIZE, TranslationScores, score_translations
 from transformer.model import Transformer
 from transformer.translate import decode_batch
 
@@ -44,10 +45,14 @@ def translate_batch(
 
 
 def score_directions(
-    datamodule: TranslationDataModule, hyps: dict[int, dict[int, str]], world_size: int
+    datamodule: TranslationDataModule,
+    hyps: dict[int, dict[int, str]],
+    world_size: int,
+    tokenize: str = TOKENIZE,
 ) -> dict[str, TranslationScores]:
     """The scores of each direction (in the data's order) that has translations; ``hyps``: this
-    rank's, by validation loader. Every rank decoded its own shard: all of them take part."""
+    rank's, by validation loader; ``tokenize``: BLEU's tokenizer. Every rank decoded its own
+    shard: all of them take part."""
     scores = {}
     for idx, direction in enumerate(datamodule.directions):
         direction_hyps = hyps.get(idx, {})
@@ -60,7 +65,7 @@ def score_directions(
         refs = datamodule.references("val", direction)
         ids = sorted(direction_hyps)
         scores[direction] = score_translations(
-            [direction_hyps[i] for i in ids], [refs[i] for i in ids]
+            [direction_hyps[i] for i in ids], [refs[i] for i in ids], tokenize
         )
     return scores
 
@@ -69,15 +74,23 @@ def bleu_metrics(
     scores: dict[str, TranslationScores], directions: Sequence[str]
 ) -> dict[str, float]:
     """The metrics logged of :func:`score_directions`: one direction's as ``val/bleu``,
-    ``val/bleu_lc`` and ``val/chrf``; several as ``val/bleu/en-de`` ..., and ``val/bleu`` their
-    mean."""
+    ``val/bleu_lc``, ``val/chrf``, ``val/chrf_pp`` and ``val/ter``; several as
+    ``val/bleu/en-de`` ..., and ``val/bleu`` their mean."""
     metrics = {}
     for direction, score in scores.items():
         key = "" if len(directions) == 1 else f"/{direction}"
-        metrics[f"val/bleu{key}"] = score.bleu
-        metrics[f"val/bleu_lc{key}"] = score.bleu_lc
-        metrics[f"val/chrf{key}"] = score.chrf
+        for name in METRICS:
+            metrics[f"val/{name}{key}"] = getattr(score, name)
     if len(directions) > 1 and scores:
         bleus = [score.bleu for score in scores.values()]
         metrics["val/bleu"] = sum(bleus) / len(bleus)
     return metrics
+
+
+def signature_summary(scores: dict[str, TranslationScores]) -> dict[str, str]:
+    """sacreBLEU's signature of each metric of :func:`score_directions`, as wandb's run summary
+    records them: ``val/signature/bleu`` ... (the same for every direction: one set)."""
+    first = next(iter(scores.values()), None)
+    if first is None:
+        return {}
+    return {f"val/signature/{name}": first.signatures[name] for name in METRICS}

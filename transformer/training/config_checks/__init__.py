@@ -5,7 +5,8 @@
 checked against the type its owner annotates (:mod:`.option_types`). Each option has one check.
 Where the object that uses an option checks it, that check is run early: the model's
 (:class:`TransformerConfig`), the loss's (:func:`transformer.training.loss.check_label_smoothing`),
-the validation decoding's (:func:`transformer.decoding.options.validation_decoding`) and the LR
+the validation decoding's (:func:`transformer.decoding.options.validation_decoding`), the BLEU
+tokenizer's (:func:`transformer.metrics.check_tokenize`) and the LR
 scheduler's (built on a stand-in optimizer); the data module's and its corpus source's by
 ``train``, which builds the data module (reading nothing) before any data work, then checks the
 file system (:mod:`.paths`).
@@ -23,6 +24,7 @@ from transformer.training.config_checks.groups import (
     check_freeze,
     check_kernels,
     check_loss,
+    check_metrics,
     check_optim,
     check_required,
     check_trainer,
@@ -42,6 +44,7 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     check_optim(cfg.optim, cfg.trainer)
     check_loss(cfg.loss, cfg.trainer)
     check_validation(cfg.validation, cfg.get("callbacks"))
+    check_metrics(cfg.get("metrics"))
     check_ema(cfg.get("ema"), cfg.trainer)
     check_freeze(cfg.get("freeze"))
     check_kernels(cfg)

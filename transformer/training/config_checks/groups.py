@@ -1,9 +1,9 @@
 """One check per config group, each naming the options it refuses as they are typed on the
 command line. Where an owner checks its own options (the model config, the scheduler, the loss's
-label smoothing, the validation decoding), its check runs here on the config's values; what stays
-here is what no owner checks in time: rules across options, and options of what ``train`` builds
-only after data work (torch's optimizer, Lightning's Trainer, the module's NaN, BLEU and compile
-options, the checkpoint)."""
+label smoothing, the validation decoding, the BLEU tokenizer), its check runs here on the config's
+values; what stays here is what no owner checks in time: rules across options, and options of
+what ``train`` builds only after data work (torch's optimizer, Lightning's Trainer, the module's
+NaN, BLEU and compile options, the checkpoint)."""
 
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from transformer import sdpa_backends
 from transformer.config import TransformerConfig
 from transformer.decoding.options import validation_decoding
 from transformer.errors import ConfigError
+from transformer.metrics import TOKENIZE, check_tokenize
 from transformer.training.config_checks.option_types import show
 from transformer.training.freeze import PARTS
 from transformer.training.loss import check_label_smoothing
@@ -176,6 +177,12 @@ def check_validation(validation: DictConfig, callbacks: DictConfig | None) -> No
             f"validation.bleu_sentences=0 turns val/bleu off, but {monitored[0]} needs it; "
             "drop that checkpoint with ~callbacks.best_checkpoint, or keep some BLEU sentences"
         )
+
+
+def check_metrics(metrics: DictConfig | None) -> None:
+    """sacreBLEU's BLEU tokenizer (:func:`transformer.metrics.check_tokenize`): one it offers,
+    with its optional packages installed."""
+    check_tokenize((metrics or {}).get("tokenize", TOKENIZE))
 
 
 def check_ema(ema: DictConfig | None, trainer: DictConfig) -> None:

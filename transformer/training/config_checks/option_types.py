@@ -27,6 +27,7 @@ OWNED_OPTIONS: dict[str, tuple[Any, str] | Any] = {
     "loss.max_bad_steps": (TranslationModule, "max_bad_steps"),
     "loss.kernel": (TranslationModule, "loss_kernel"),
     "validation.bleu_sentences": (TranslationModule, "val_bleu_sentences"),
+    "metrics.tokenize": (TranslationModule, "bleu_tokenize"),
     "compile": (TranslationModule, "compile_model"),
     "freeze": (TranslationModule, "freeze"),
     "init_from": str | list[str] | None,  # checkpoints (transformer.training.finetune)
