@@ -14,6 +14,7 @@ LIGHT = (
     "transformer.translate",
     "transformer.export.ct2",
     "transformer.export.__main__",  # python -m transformer.export
+    "transformer.export.hf_import",  # python -m transformer.export.hf_import
     "transformer.checkpoints",
     "transformer.surgery",
 )

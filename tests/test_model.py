@@ -21,6 +21,7 @@ VARIANTS = {
     "mqa-gelu": {"num_kv_heads": 1, "activation": "gelu"},
     "untied": {"tie_output_embeddings": False},
     "shared": {"share_all_embeddings": True},
+    "opus-mt": {"norm_first": False, "activation": "silu", "output_bias": True},
 }
 
 

@@ -21,6 +21,7 @@ COMMANDS = [
     "transformer-export",
     "transformer-average",
     "transformer-prune",
+    "transformer-import",
 ]
 
 

@@ -62,7 +62,7 @@ def test_readme_python_block_runs(page: Path, block: str) -> None:
     if not block.startswith(NEEDS_CHECKPOINT):
         exec(code, {})
         return
-    assert re.search(r"tests/\w+\.py", block.splitlines()[0]), "name the test that runs it"
+    assert re.search(r"tests/[\w/]+\.py", block.splitlines()[0]), "name the test that runs it"
     lines = block.splitlines()
     imports = "\n".join(line for line in lines if line.startswith(("from ", "import ")))
     exec(compile(imports, str(page), "exec"), {})

@@ -6,6 +6,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
+ACTIVATIONS = ("relu", "gelu", "silu")
 POSITIONS = ("sinusoidal", "learned", "rope", "relative")
 
 
@@ -22,7 +23,7 @@ class TransformerConfig:
     dropout: float = 0.1  # on embeddings and on each residual branch
     attention_dropout: float = 0.0  # on attention weights
     activation_dropout: float = 0.0  # inside the feed-forward block, after the activation
-    activation: Literal["relu", "gelu"] = "relu"
+    activation: Literal["relu", "gelu", "silu"] = "relu"  # silu = swish (OPUS-MT's Marian models)
     norm_first: bool = True  # pre-norm trains stably; False = the original post-norm
     bias: bool = True  # bias terms in attention and feed-forward projections
     layer_norm_eps: float = 1e-5
@@ -30,6 +31,7 @@ class TransformerConfig:
     # sinusoidal | learned (absolute, added to the embeddings) | rope (rotary, on self-attention's
     # queries and keys) | relative (T5's bucketed per-head bias on self-attention scores)
     positions: Literal["sinusoidal", "learned", "rope", "relative"] = "sinusoidal"
+    output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     tie_output_embeddings: bool = True  # decoder input embedding = output projection (Press & Wolf)
     share_all_embeddings: bool = False  # one embedding for source and target: needs a joint vocab
     pad_id: int = 0  # must agree with the tokenizer's; its embedding row starts at zero
@@ -64,8 +66,10 @@ class TransformerConfig:
                 f"positions=rope turns pairs of dimensions: head_dim = d_model / num_heads = "
                 f"{self.head_dim} must be even"
             )
-        if self.activation not in ("relu", "gelu"):
-            raise ValueError(f"activation must be 'relu' or 'gelu', got {self.activation!r}")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"activation must be one of {', '.join(ACTIVATIONS)}, got {self.activation!r}"
+            )
         if self.share_all_embeddings and self.src_vocab_size != self.tgt_vocab_size:
             raise ValueError(
                 "share_all_embeddings needs one joint vocabulary, but src_vocab_size="

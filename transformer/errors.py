@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import sys
 from collections.abc import Iterator
+from typing import Any
 
 
 class UserError(Exception):
@@ -63,3 +64,14 @@ def one_line_errors() -> Iterator[None]:
         yield
     except UserError as err:
         sys.exit(f"error: {err}")
+
+
+def show(value: Any) -> str:
+    """A value as it is written on the command line."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, list | tuple):
+        return "[" + ",".join(map(show, value)) + "]"
+    return str(value)

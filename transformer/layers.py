@@ -18,6 +18,7 @@ from transformer.positions import RelativeBias, Rotary
 from transformer.precision import compute_dtype
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
+ACTIVATIONS = {"relu": F.relu, "gelu": F.gelu, "silu": F.silu}  # gelu: the exact (erf) one
 
 
 class FeedForward(nn.Module):
@@ -25,7 +26,7 @@ class FeedForward(nn.Module):
         super().__init__()
         self.fc1 = Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
         self.fc2 = Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
-        self.activation = F.relu if cfg.activation == "relu" else F.gelu
+        self.activation = ACTIVATIONS[cfg.activation]
         self.dropout = Dropout(cfg.activation_dropout)
         for fc in (self.fc1, self.fc2):
             nn.init.xavier_uniform_(fc.weight)

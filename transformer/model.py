@@ -44,7 +44,9 @@ class Transformer(nn.Module):
         )
         self.encoder = Encoder(cfg)
         self.decoder = Decoder(cfg)
-        self.output = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=False)
+        self.output = Linear(cfg.d_model, cfg.tgt_vocab_size, bias=cfg.output_bias)
+        if cfg.output_bias:
+            nn.init.zeros_(self.output.bias)
         if cfg.tie_output_embeddings or cfg.share_all_embeddings:
             self.output.weight = tgt_tokens.weight
         else:

@@ -120,11 +120,14 @@ def test_nll_carries_no_gradient_and_loss_scales_its_gradients():
     torch.testing.assert_close(once, 3.0 * weight.grad)
 
 
-def test_training_loss_equals_cross_entropy_on_the_full_logits():
+@pytest.mark.parametrize("options", [{}, {"output_bias": True}], ids=["no bias", "output bias"])
+def test_training_loss_equals_cross_entropy_on_the_full_logits(options):
     """The module's loss (non-pad positions only, projection fused with the loss) gives the
     loss, NLL, count and every parameter's gradient of torch's cross entropy on (B, T, V)
-    logits, tied embedding included."""
-    module = TranslationModule(tiny_model_config(20, dropout=0.0), label_smoothing=0.1)
+    logits, tied embedding and the output projection's bias (``model.output_bias``) included."""
+    module = TranslationModule(tiny_model_config(20, dropout=0.0, **options), label_smoothing=0.1)
+    if module.model.output.bias is not None:
+        torch.nn.init.normal_(module.model.output.bias)
     batch = padded_batch([(5, 2), (3, 9), (8, 4), (2, 6)])  # 25 labels in (4, 10): 15 are pad
 
     def loss_and_grads(loss_fn) -> tuple[list[Tensor], list[Tensor]]:
@@ -173,6 +176,29 @@ def test_rdrop_equals_cross_entropy_and_kl_on_full_logits(monkeypatch, chunk, ep
     want, want_grads = loss_and_grads(ref, hidden, weight, labels, epsilon)
     torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
     torch.testing.assert_close(got_grads, want_grads, rtol=1e-5, atol=1e-6)
+
+
+def test_a_bias_adds_to_the_logits_of_both_losses_and_takes_their_gradient():
+    """``bias`` (the output projection's, ``model.output_bias``): the losses of ``hidden @
+    weight.T + bias`` against torch's on full logits, and the bias's gradient."""
+    hidden, weight, labels = inputs(7)
+    bias = torch.randn(50)
+    # hidden @ [weight | bias].T over states with a 1 appended: the logits plus the bias
+    ones = lambda x: torch.cat([x, torch.ones(*x.shape[:-1], 1)], -1)  # noqa: E731
+    wide = torch.cat([weight, bias[:, None]], 1)
+    for fused, ref, states in (
+        (label_smoothed_loss, reference, hidden),
+        (partial(rdrop_loss, alpha=0.7), partial(rdrop_reference, alpha=0.7),
+         torch.stack([hidden, hidden / 2])),
+    ):  # fmt: skip
+        b = bias.clone().requires_grad_()
+        got = fused(states, weight, labels, 0.1, pad_id=PAD, bias=b)
+        got[0].backward()
+        w = wide.clone().requires_grad_()
+        want = ref(ones(states), w, labels, 0.1)
+        want[0].backward()
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-5)
+        torch.testing.assert_close(b.grad, w.grad[:, -1], rtol=1e-5, atol=1e-6)
 
 
 def test_rdrop_kl_term_by_hand():

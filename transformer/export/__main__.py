@@ -1,4 +1,5 @@
-"""``python -m transformer.export ct2 CKPT [CKPT ...] OUT_DIR [--quantization TYPE] [--force]``."""
+"""``python -m transformer.export ct2 CKPT [CKPT ...] OUT_DIR [--quantization TYPE] [--force]`` and
+``python -m transformer.export hf CKPT [CKPT ...] OUT_DIR [--force]``."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ from collections.abc import Sequence
 
 from transformer.errors import UserError
 from transformer.export.ct2 import QUANTIZATIONS, export_ct2
+from transformer.export.hf import export_hf
 
 
 def main(argv: Sequence[str] | None = None) -> None:
@@ -32,12 +34,28 @@ def main(argv: Sequence[str] | None = None) -> None:
     ct2.add_argument(
         "--force", action="store_true", help="replace an OUT_DIR that an earlier export wrote"
     )
+    hf = engines.add_parser(
+        "hf",
+        help='a Hugging Face MarianMT directory (pip install -e ".[hf]")',
+        description="Convert one checkpoint, or the average of several, to a MarianMT model "
+        "directory that transformers loads (AutoModelForSeq2SeqLM, AutoTokenizer). Post-norm "
+        "models with sinusoidal positions map; other options are refused by name.",
+    )
+    hf.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints of one run")
+    hf.add_argument("out_dir", metavar="OUT_DIR", help="the model directory to write")
+    hf.add_argument(
+        "--force", action="store_true", help="replace an OUT_DIR that an earlier export wrote"
+    )
     args = parser.parse_args(argv)
     try:
-        out = export_ct2(args.checkpoints, args.out_dir, args.quantization, args.force)
+        if args.engine == "hf":
+            out = export_hf(args.checkpoints, args.out_dir, args.force)
+        else:
+            out = export_ct2(args.checkpoints, args.out_dir, args.quantization, args.force)
     except UserError as err:
         sys.exit(f"error: {err}")
-    print(f"wrote {out} ({args.quantization}); see {out}/README.md", file=sys.stderr)
+    what = "MarianMT" if args.engine == "hf" else f"{args.quantization}; see {out}/README.md"
+    print(f"wrote {out} ({what})", file=sys.stderr)
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Checkpoints -> a CTranslate2 model directory, with CTranslate2's converter spec API.
 
 Every option of :class:`transformer.config.TransformerConfig` maps onto
-``ctranslate2.specs.TransformerSpec``: pre- and post-norm, ReLU and GELU (erf), biases or none,
-grouped-query and multi-query attention, tied and shared embeddings (CTranslate2 stores equal
-tensors once), the sqrt(d_model) embedding scale and the layer-norm epsilon. Our fused QKV (self-)
+``ctranslate2.specs.TransformerSpec``: pre- and post-norm, ReLU, GELU (erf) and SiLU (its swish),
+biases or none, an output bias, grouped-query and multi-query attention, tied and shared
+embeddings (CTranslate2 stores equal tensors once), the sqrt(d_model) embedding scale and the
+layer-norm epsilon. Our fused QKV (self-)
 and KV (cross-attention) projections are CTranslate2's own layout. The sinusoidal table is given
 explicitly: CTranslate2's built-in one starts at position 1 and puts sin and cos in two halves, ours
 starts at 0 and interleaves them; learned positions (``model.positions=learned``) go in the same
@@ -49,6 +50,7 @@ from transformer.positions import RELATIVE_MAX_DISTANCE, ROTARY_BASE
 from transformer.surgery import restore_heads
 
 QUANTIZATIONS = ("float32", "int8", "int8_float32", "float16", "bfloat16")
+CT2_ACTIVATIONS = {"relu": "RELU", "gelu": "GELU", "silu": "SWISH"}  # GELU: erf, as torch's
 INFO_FILE = "transformer_nmt.json"  # what was exported; evaluate.py engine=ctranslate2 reads it
 SPM_FILES = {"src": "source.spm.model", "tgt": "target.spm.model"}
 
@@ -67,8 +69,8 @@ def import_ctranslate2() -> Any:
 CONVERTED_OPTIONS = frozenset(
     "src_vocab_size tgt_vocab_size d_model num_heads num_kv_heads num_encoder_layers "
     "num_decoder_layers d_ff dropout attention_dropout activation_dropout activation norm_first "
-    "bias layer_norm_eps max_positions tie_output_embeddings share_all_embeddings pad_id "
-    "heads_per_layer positions".split()
+    "bias layer_norm_eps max_positions output_bias tie_output_embeddings share_all_embeddings "
+    "pad_id heads_per_layer positions".split()
 )
 
 
@@ -125,7 +127,7 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     from ctranslate2.specs import transformer_spec as ts
 
     cfg = model.cfg
-    act = common_spec.Activation.RELU if cfg.activation == "relu" else common_spec.Activation.GELU
+    act = getattr(common_spec.Activation, CT2_ACTIVATIONS[cfg.activation])
     shape = dict(pre_norm=cfg.norm_first, activation=act, num_heads_kv=cfg.num_kv_heads)
     if cfg.positions == "rope":  # every dimension, in halves
         shape.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
@@ -166,7 +168,7 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     if cfg.norm_first:  # post-norm stacks have no final norm, in either implementation
         _norm(encoder.layer_norm, model.encoder.norm)
         _norm(decoder.layer_norm, model.decoder.norm)
-    decoder.projection.weight = _array(model.output.weight)
+    _linear(decoder.projection, model.output)  # (a bias: model.output_bias)
 
     spec = ts.TransformerSpec(encoder, decoder)
     spec.config.layer_norm_epsilon = cfg.layer_norm_eps

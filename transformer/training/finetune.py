@@ -21,7 +21,8 @@ from torch import Tensor
 from transformer.checkpoints import checkpoint_paths, load_or_average, stored_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
-from transformer.errors import CheckpointError
+from transformer.data.tokenizer import Tokenizer
+from transformer.errors import CheckpointError, ConfigError
 from transformer.training.resume import check_model
 
 log = logging.getLogger(__name__)
@@ -32,6 +33,17 @@ def initial_checkpoint(cfg: DictConfig) -> tuple[dict[str, Any], str]:
     paths = checkpoint_paths(cfg.init_from, "init_from")
     ckpt = load_or_average(paths)
     return ckpt, paths[0] if len(paths) == 1 else f"{paths[0]} (and {len(paths) - 1} more)"
+
+
+def check_one_vocabulary(models: dict[str, bytes], name: str) -> None:
+    """Two SentencePiece models under shared embeddings must number the same pieces alike (an
+    imported Marian model's split text each their own way over one vocabulary)."""
+    src, tgt = (Tokenizer(f"{side}.model", model_proto=models[side]) for side in ("src", "tgt"))
+    if src.pieces(range(src.vocab_size)) != tgt.pieces(range(tgt.vocab_size)):
+        raise ConfigError(
+            f"init_from={name} has separate source and target vocabularies, which "
+            "model.share_all_embeddings=true cannot share; set model.share_all_embeddings=false"
+        )
 
 
 def initial_weights(
@@ -47,6 +59,8 @@ def initial_weights(
             f"init_from={name} carries no tokenizers: its weights' ids could not be read; start "
             "from a checkpoint written by train.py"
         )
+    if model_cfg.share_all_embeddings and models["src"] != models["tgt"]:
+        check_one_vocabulary(models, name)
     data.use_tokenizers(models["src"], models["tgt"], checkpoint=name)
     prefix = "model."
     state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}

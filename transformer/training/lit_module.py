@@ -176,16 +176,18 @@ class TranslationModule(L.LightningModule):
             with layers:  # compile=layers: each layer's own graph
                 hidden = hidden_states(self.model, src, tgt_in, src_pad_mask, weights)
         weight = weights.get("output.weight", self.model.output.weight)  # (V, D)
+        bias = weights.get("output.bias", self.model.output.bias)  # (V,) or None (output_bias)
         eps, pad = self.label_smoothing, self.cfg.pad_id
         # The collator counted the non-pad labels on the host: a static size, no device sync.
         if rdrop:
             hidden = hidden.unflatten(0, (2, -1))  # (2, B, T, D)
             return rdrop_loss(
-                hidden, weight, batch.labels, eps, self.rdrop_alpha, pad, batch.num_tgt_tokens
-            )
+                hidden, weight, batch.labels, eps, self.rdrop_alpha, pad, batch.num_tgt_tokens,
+                bias,
+            )  # fmt: skip
         kernel = self.loss_kernel if compiled else "chunked"
         return label_smoothed_loss(
-            hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens, kernel
+            hidden, weight, batch.labels, eps, pad, batch.num_tgt_tokens, kernel, bias
         )
 
     def setup(self, stage: str) -> None:

@@ -189,6 +189,16 @@ def _non_pad(
     return hidden, weight.to(hidden.dtype), labels.flatten().index_select(0, idx), keep
 
 
+def with_bias(hidden: Tensor, weight: Tensor, bias: Tensor | None) -> tuple[Tensor, Tensor]:
+    """A projection with a bias as one without: a column of ones after the states (..., D + 1)
+    and the bias after the weight's columns (V, D + 1), whose products are ``hidden @ weight.T +
+    bias``; autograd takes each one's gradient back through the concatenations."""
+    if bias is None:
+        return hidden, weight
+    ones = hidden.new_ones(*hidden.shape[:-1], 1)
+    return torch.cat([hidden, ones], -1), torch.cat([weight, bias.to(weight.dtype)[:, None]], 1)
+
+
 def label_smoothed_loss(
     hidden: Tensor,
     weight: Tensor,
@@ -197,6 +207,7 @@ def label_smoothed_loss(
     pad_id: int,
     num_labels: int | None = None,
     kernel: str = "chunked",
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor | None, Tensor]:
     """Summed label-smoothed cross entropy and summed NLL over the non-pad labels, and their count.
 
@@ -208,9 +219,10 @@ def label_smoothed_loss(
     the number of non-pad labels if the caller knows it on the host, spares a device sync. The
     count stays a tensor: reading it would wait for the device. ``kernel``: ``chunked`` (this
     module's loop), ``compiled`` or ``liger`` (CUDA; the module docstring); with ``liger`` the
-    NLL is None.
+    NLL is None. ``bias`` (V,): the output projection's, if it has one (:func:`with_bias`).
     """
     hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=0)
+    hidden, weight = with_bias(hidden, weight, bias)
     if kernel == "liger":
         with torch.autocast(hidden.device.type, enabled=False):
             return _liger_loss(hidden, weight, labels, epsilon), None, keep.sum()
@@ -273,6 +285,7 @@ def rdrop_loss(
     alpha: float,
     pad_id: int,
     num_labels: int | None = None,
+    bias: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """R-Drop (Liang et al. 2021): the label-smoothed loss of two passes with their own dropout,
     plus ``alpha`` times their symmetric KL divergence, summed over the non-pad labels; the
@@ -283,9 +296,10 @@ def rdrop_loss(
     (KL(p_1 || p_2) + KL(p_2 || p_1))``: the paper's loss (the sum of both passes' cross
     entropies plus ``alpha / 2`` times that sum of KLs) halved, so ``alpha`` means what it does
     there (5 for its translation tasks). Label smoothing applies to the cross entropies only.
-    Projected and fused in chunks as :func:`label_smoothed_loss`.
+    Projected and fused in chunks as :func:`label_smoothed_loss`, ``bias`` too.
     """
     hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=1)
+    hidden, weight = with_bias(hidden, weight, bias)
     loss, nll = _apply_in_chunks(
         _ProjectedRDropLoss, hidden, weight, labels, epsilon, alpha, num_passes=2
     )

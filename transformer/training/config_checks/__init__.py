@@ -40,7 +40,7 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     check_required(cfg)
     check_types(cfg)
     model_cfg = model_config(cfg)
-    check_data(cfg.data, model_cfg)
+    check_data(cfg.data, model_cfg, bool(cfg.get("init_from") or cfg.get("ckpt_path")))
     check_optim(cfg.optim, cfg.trainer)
     check_loss(cfg.loss, cfg.trainer)
     check_validation(cfg.validation, cfg.get("callbacks"))

@@ -23,9 +23,8 @@ from omegaconf import DictConfig, OmegaConf
 from transformer import sdpa_backends
 from transformer.config import TransformerConfig
 from transformer.decoding.options import validation_decoding
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, show
 from transformer.metrics import TOKENIZE, check_tokenize
-from transformer.training.config_checks.option_types import show
 from transformer.training.freeze import PARTS
 from transformer.training.loss import check_label_smoothing
 from transformer.training.optim import takes_progress
@@ -69,14 +68,21 @@ def model_config(cfg: DictConfig, pad_id: int | None = None) -> TransformerConfi
         raise ConfigError(f"invalid model option (model.*): {err}") from err
 
 
-def check_data(data: DictConfig, model_cfg: TransformerConfig) -> None:
-    """The data options the model must fit: its positions and shared embeddings."""
+def check_data(
+    data: DictConfig, model_cfg: TransformerConfig, checkpoint_tokenizers: bool = False
+) -> None:
+    """The data options the model must fit: its positions and shared embeddings. With
+    ``checkpoint_tokenizers`` (``init_from`` or ``ckpt_path``) the tokenizers are a checkpoint's:
+    two SentencePiece models that number one vocabulary alike (an imported Marian model's) may
+    share the embeddings, which :func:`transformer.training.finetune.initial_weights` checks."""
     if data.get("max_len") is not None and int(data.max_len) + 1 > model_cfg.max_positions:
         raise ConfigError(
             f"data.max_len={data.max_len} pieces (+1 for bos/eos) exceed model.max_positions="
             f"{model_cfg.max_positions}; lower data.max_len or raise model.max_positions"
         )
     if model_cfg.share_all_embeddings and not data.get("joint_vocab", True):
+        if checkpoint_tokenizers:
+            return
         raise ConfigError(
             "model.share_all_embeddings=true needs one joint vocabulary: set data.joint_vocab=true "
             "or model.share_all_embeddings=false"

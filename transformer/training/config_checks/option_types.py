@@ -15,7 +15,7 @@ from hydra.utils import get_object
 from omegaconf import DictConfig, OmegaConf
 
 from transformer.config import TransformerConfig
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, show
 from transformer.training.lit_module import TranslationModule
 
 # Options outside the groups that name a ``_target_``: the parameter of the object that takes
@@ -184,14 +184,3 @@ def describe(hint: Any) -> str:
 def _held_by_no_config(hint: Any) -> bool:
     """A class no config value is (a tensor, an accelerator object): left out of messages."""
     return isinstance(hint, type) and hint not in (bool, int, float, str, type(None))
-
-
-def show(value: Any) -> str:
-    """A value as it is written on the command line."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, list | tuple):
-        return "[" + ",".join(map(show, value)) + "]"
-    return str(value)

@@ -1,0 +1,246 @@
+"""Importing a MarianMT directory (``python -m transformer.export.hf_import``): against
+transformers' MarianMTModel and MarianTokenizer on a tiny random OPUS-MT-like model, the same ids,
+logits within 1e-4, and greedy and beam translations identical to ``generate``; the checkpoint
+evaluates through evaluate.py, exports to CTranslate2 and fine-tunes; options that do not map are
+refused by name."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+import torch
+
+from tests.export.tiny_marian import DROPPED, write_marian_dir
+from tests.tiny import TINY_VOCAB, compose_cfg, compose_eval_cfg, data_pairs, tiny_overrides
+from transformer.checkpoints import load_checkpoint, model_from_checkpoint, tokenizer_models
+from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
+from transformer.config import TransformerConfig
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.decoding import DecodeOptions, beam_search, greedy_decode
+from transformer.errors import ConfigError
+from transformer.evaluation import evaluate
+from transformer.export.hf_import import BLOCKED_LOGIT, import_marian, main, train_overrides
+from transformer.translate import Translator
+
+transformers = pytest.importorskip("transformers", reason="the reference: pip install transformers")
+
+LINES = [
+    "a man runs in the park",
+    "the red dog sits near a small child",
+    "a cat ¤ eats",  # a character neither SentencePiece model knows
+    "hello",
+    "the big blue ball is on the street near the woman and the child",
+]
+TARGETS = ["der mann läuft", "ein hund sitzt bei dem kind", "x", "hallo", "der ball"]
+
+
+@pytest.fixture(scope="module")
+def marian_dir(tmp_path_factory) -> Path:
+    return write_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-tiny")
+
+
+@pytest.fixture(scope="module")
+def imported(marian_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "opus.ckpt"
+    main([str(marian_dir), str(out)])
+    return out
+
+
+@pytest.fixture(scope="module")
+def reference(marian_dir):
+    from transformers import MarianMTModel, MarianTokenizer
+
+    return MarianMTModel.from_pretrained(marian_dir).eval(), MarianTokenizer.from_pretrained(
+        marian_dir
+    )
+
+
+def ours(imported: Path) -> Translator:
+    ckpt = load_checkpoint(imported)
+    return Translator(model_from_checkpoint(ckpt), *tokenizers(ckpt, imported))
+
+
+def to_marian(marian_dir: Path, translator: Translator) -> torch.Tensor:
+    """(V,) the Marian id of each of ours: by piece; bos is Marian's start (pad), a piece that
+    vocab.json lacks is unk."""
+    vocab = json.loads((marian_dir / "vocab.json").read_text())
+    config = json.loads((marian_dir / "config.json").read_text())
+    pieces = translator.tgt_tokenizer.pieces(range(translator.model.cfg.tgt_vocab_size))
+    ids = [vocab.get(p, vocab["<unk>"]) for p in pieces]
+    ids[BOS_ID] = config["decoder_start_token_id"]
+    return torch.tensor(ids)
+
+
+def from_marian(marian_dir: Path, translator: Translator) -> torch.Tensor:
+    """(V_marian,) our id of each Marian id: by piece."""
+    vocab = json.loads((marian_dir / "vocab.json").read_text())
+    pieces = translator.tgt_tokenizer.pieces(range(translator.model.cfg.tgt_vocab_size))
+    return torch.tensor([pieces.index(p) for p, _ in sorted(vocab.items(), key=lambda x: x[1])])
+
+
+def padded(rows: list[list[int]], value: int) -> torch.Tensor:
+    width = max(map(len, rows))
+    return torch.tensor([r + [value] * (width - len(r)) for r in rows])
+
+
+def test_the_tokenizers_give_marians_ids(marian_dir, imported, reference) -> None:
+    """Source: the pieces and eos, numbered as vocab.json does; target the same. The piece that
+    vocab.json lacks keeps an id of its own (Marian's: unk), whose embedding is unk's and whose
+    logit is blocked."""
+    translator, (_, tok) = ours(imported), reference
+    as_marian = to_marian(marian_dir, translator)
+    src = [translator.src_tokenizer.encode(line) + [EOS_ID] for line in LINES]
+    assert [as_marian[s].tolist() for s in src] == tok(LINES)["input_ids"]
+    tgt = [translator.tgt_tokenizer.encode(line) + [EOS_ID] for line in TARGETS]
+    assert [as_marian[t].tolist() for t in tgt] == tok(text_target=TARGETS)["input_ids"]
+    dropped = translator.tgt_tokenizer.pieces(range(translator.model.cfg.tgt_vocab_size)).index(
+        DROPPED
+    )
+    assert dropped in tgt[1] and as_marian[dropped] == UNK_ID  # Marian's unk is 1 too
+    model = translator.model
+    assert model.tgt_embed.tokens.weight[dropped].equal(model.tgt_embed.tokens.weight[UNK_ID])
+    assert model.output.bias[dropped] == model.output.bias[BOS_ID] == BLOCKED_LOGIT
+    assert translator.src_tokenizer.decode(src[0]) == LINES[0]
+
+
+def test_logits_equal_marians_for_a_padded_batch(marian_dir, imported, reference) -> None:
+    translator, (hf, tok) = ours(imported), reference
+    as_marian = to_marian(marian_dir, translator)
+    src = [translator.src_tokenizer.encode(line) + [EOS_ID] for line in LINES]
+    tgt = [[BOS_ID, *translator.tgt_tokenizer.encode(line)] for line in TARGETS]
+    with torch.no_grad():
+        logits = translator.model(padded(src, PAD_ID), padded(tgt, PAD_ID))  # (B, T, V)
+        theirs = hf(
+            input_ids=padded([as_marian[s].tolist() for s in src], tok.pad_token_id),
+            attention_mask=padded([[1] * len(s) for s in src], 0),
+            decoder_input_ids=padded([as_marian[t].tolist() for t in tgt], tok.pad_token_id),
+        ).logits  # (B, T, V_marian)
+    marian_ids = from_marian(marian_dir, translator)  # (V_marian,) ours
+    for row, t in enumerate(tgt):  # the non-pad positions
+        diff = logits[row, : len(t)][:, marian_ids] - theirs[row, : len(t)]
+        assert diff.abs().max() < 1e-4
+    # ours has a bos (and the extra piece): their probabilities are nil, the softmax Marian's
+    lp, lp_theirs = (x.log_softmax(-1) for x in (logits, theirs))
+    assert (lp[0, :3][:, marian_ids] - lp_theirs[0, :3]).abs().max() < 1e-4
+
+
+@pytest.mark.parametrize("beam, len_penalty", [(1, 1.0), (4, 1.0), (4, 2.0)])
+def test_greedy_and_beam_translations_equal_generate(
+    marian_dir, imported, reference, beam, len_penalty
+) -> None:
+    """The same tokens as ``generate`` with the same settings, and the same beam scores: at most
+    b tokens before eos, the pad banned (``bad_words_ids``), a hypothesis finished by eos among
+    the top ``beam`` candidates, a search done with ``beam`` finished (``early_stopping=True``).
+    At the length limit both force eos (``forced_eos_token_id``), but generate's forced eos costs
+    nothing, ours its log-probability (as CTranslate2's README says): beam search is compared on
+    the sentences whose translation ended before the limit, greedy search on all."""
+    translator, (hf, tok) = ours(imported), reference
+    as_marian = to_marian(marian_dir, translator)
+    lines = LINES + data_pairs(15, seed=3)[0]
+    src = [translator.src_tokenizer.encode(line) + [EOS_ID] for line in lines]
+    b = 12
+    strategy = "greedy" if beam == 1 else "beam"
+    options = DecodeOptions(
+        strategy=strategy, beam_size=beam, len_penalty=len_penalty, max_len_a=0.0, max_len_b=b,
+        min_len=0,
+    )  # fmt: skip
+    search = greedy_decode if beam == 1 else beam_search
+    hyps = search(translator.model, padded(src, PAD_ID), options, bos_id=BOS_ID, eos_id=EOS_ID)
+    enc = tok(lines, return_tensors="pt", padding=True)
+    beams = (
+        {} if beam == 1 else dict(num_beams=beam, length_penalty=len_penalty, early_stopping=True)
+    )
+    out = hf.generate(
+        **enc, **beams, do_sample=False, max_length=b + 2, min_length=0,
+        bad_words_ids=[[tok.pad_token_id]], forced_eos_token_id=tok.eos_token_id,
+        output_scores=True, return_dict_in_generate=True,
+    )  # fmt: skip
+    specials = (tok.pad_token_id, tok.eos_token_id)
+    theirs = [[i for i in row.tolist() if i not in specials] for row in out.sequences]
+    mine = [as_marian[h[0].tokens].tolist() for h in hyps]
+    # beam search: the sentences whose translation ended before the limit; greedy: all
+    ended = [i for i, t in enumerate(theirs) if beam == 1 or len(t) < b]
+    assert len(ended) >= 10 and len({tuple(t) for t in theirs}) >= 3
+    assert [mine[i] for i in ended] == [theirs[i] for i in ended]
+    if beam > 1:
+        scores = out.sequences_scores.tolist()
+        assert [hyps[i][0].score for i in ended] == pytest.approx([scores[i] for i in ended])
+    texts = [t[0].text for t in translator.translate(lines, options)]
+    decoded = tok.batch_decode(out.sequences, skip_special_tokens=True)
+    assert [texts[i] for i in ended] == [decoded[i] for i in ended]
+
+
+def test_the_checkpoint_translates_a_file_with_evaluate_py(imported, tmp_path) -> None:
+    text = tmp_path / "input.txt"
+    text.write_text("\n".join(LINES) + "\n")
+    options = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=12", "decode.min_len=0"]
+    cfg = compose_eval_cfg([f"ckpt_path={imported}", f"input={text}", *options], tmp_path)
+    result = evaluate(cfg)
+    assert result["lines"] == len(LINES)
+    greedy = DecodeOptions(strategy="greedy", max_len_a=0.0, max_len_b=12, min_len=0)
+    want = [t[0].text for t in ours(imported).translate(LINES, greedy)]
+    assert (tmp_path / "hypotheses.txt").read_text().splitlines() == want
+
+
+def test_the_checkpoint_exports_to_ctranslate2_and_translates_as_ours(imported, tmp_path) -> None:
+    pytest.importorskip("ctranslate2", reason='CTranslate2 is optional: pip install -e ".[export]"')
+    from transformer.export.ct2 import export_ct2
+    from transformer.export.ct2_translate import CT2Translator
+
+    export_ct2([imported], tmp_path / "ct2")
+    for options in (
+        DecodeOptions(strategy="greedy", max_len_a=0.0, max_len_b=12, min_len=0),
+        DecodeOptions(beam_size=4, max_len_a=0.0, max_len_b=12, min_len=0),
+    ):
+        want = [t[0].text for t in ours(imported).translate(LINES, options)]
+        got = CT2Translator(tmp_path / "ct2", threads=1).translate(LINES, options)
+        assert [t[0].text for t in got] == want
+
+
+@pytest.mark.slow
+def test_the_checkpoint_fine_tunes_with_init_from(imported, corpus, tmp_path) -> None:
+    """A few steps on another corpus with the options the import prints: a finite loss, and the
+    run's checkpoint carries the imported tokenizers unchanged."""
+    cfg = TransformerConfig(**load_checkpoint(imported)["hyper_parameters"]["model"])
+    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
+    overrides = [*base, *train_overrides(cfg), f"init_from={imported}", "trainer.max_steps=3"]
+    overrides.append("data.max_len=60")  # (the tiny model has 64 positions)
+    metrics = train_run(compose_cfg(overrides, tmp_path))
+    assert math.isfinite(metrics["train/loss"])
+    tuned = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    models = (tokenizer_models(c) for c in (tuned, load_checkpoint(imported)))
+    assert next(models) == next(models)  # (their names: the run's cache's)
+
+
+def train_run(cfg) -> dict:
+    from transformer.training import train
+
+    return train(cfg)
+
+
+def test_a_marian_option_that_does_not_map_is_refused_naming_its_field(
+    marian_dir, tmp_path, capsys
+) -> None:
+    config = json.loads((marian_dir / "config.json").read_text())
+    for field, value, message in (
+        ("activation_function", "gelu_new", r"activation_function='gelu_new' is not one of"),
+        ("scale_embedding", False, r"scale_embedding=False has no equivalent"),
+        ("decoder_attention_heads", 2, r"decoder_attention_heads=2 differs from"),
+        ("share_encoder_decoder_embeddings", False, r"share_encoder_decoder_embeddings=False"),
+    ):
+        changed = tmp_path / field
+        changed.mkdir()
+        for f in marian_dir.iterdir():
+            (changed / f.name).symlink_to(f)
+        (changed / "config.json").unlink()
+        (changed / "config.json").write_text(json.dumps({**config, field: value}))
+        with pytest.raises(ConfigError, match=r"^config\.json: " + message):
+            import_marian(changed)
+    with pytest.raises(SystemExit):
+        main([str(changed), str(tmp_path / "out.ckpt")])
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: config.json: share_encoder_decoder_embeddings=False")
+    assert len(err.splitlines()) == 1 and not (tmp_path / "out.ckpt").exists()

@@ -1,0 +1,198 @@
+"""A Hugging Face MarianMT directory (OPUS-MT's models) -> a checkpoint of this framework:
+``python -m transformer.export.hf_import DIR OUT.ckpt`` (``transformer-import``). How the format
+maps to ours: :mod:`transformer.export.marian`."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+from omegaconf import OmegaConf
+
+from transformer.atomic import atomic_save
+from transformer.config import TransformerConfig
+from transformer.configs import CONFIG_DIR
+from transformer.data.tokenizer import Tokenizer
+from transformer.errors import ConfigError, DataError, UserError, show
+from transformer.export.marian import (
+    ACTIVATIONS,
+    BLOCKED_LOGIT,
+    MARIAN_DEFAULTS,
+    SPM_FILES,
+    interleaved,
+    layer_weights,
+    read_json,
+    read_weights,
+    refuse,
+    tokenizer_config,
+)
+from transformer.export.marian_vocab import vocabulary, vocabulary_model
+from transformer.model import Transformer
+from transformer.outputs import check_output_file
+
+log = logging.getLogger(__name__)
+
+
+def model_config(config: dict[str, Any], vocab_size: int) -> TransformerConfig:
+    """The TransformerConfig of a MarianConfig (``config.json``) over ``vocab_size`` ids; what does
+    not map is refused, naming its field."""
+    get = {**MARIAN_DEFAULTS, **config}.get
+    if config.get("model_type") != "marian":
+        raise refuse("model_type", config.get("model_type"), "is not MarianMT's (marian)")
+    for enc, dec in (
+        ("encoder_attention_heads", "decoder_attention_heads"),
+        ("encoder_ffn_dim", "decoder_ffn_dim"),
+    ):
+        if get(enc) != get(dec):
+            raise refuse(dec, get(dec), f"differs from {enc}={get(enc)}; here both sides share it")
+    activation = ACTIVATIONS.get(get("activation_function"))
+    if activation is None:
+        choices = ", ".join(ACTIVATIONS)
+        raise refuse("activation_function", get("activation_function"), f"is not one of {choices}")
+    if not get("scale_embedding"):
+        why = "has no equivalent: embeddings are scaled by sqrt(d_model) here"
+        raise refuse("scale_embedding", False, why)
+    if not get("share_encoder_decoder_embeddings") or get("decoder_vocab_size") not in (
+        None, config.get("vocab_size"),
+    ):  # fmt: skip
+        raise refuse(
+            "share_encoder_decoder_embeddings", get("share_encoder_decoder_embeddings"),
+            "(separate source and target vocabularies, target_vocab.json) is not imported; only "
+            "models with one vocabulary and embedding for both sides are",
+        )  # fmt: skip
+    if not get("tie_word_embeddings"):
+        raise refuse(
+            "tie_word_embeddings", False, "has no equivalent: a shared embedding is also the output"
+        )
+    for field in ("encoder_layerdrop", "decoder_layerdrop"):
+        if get(field):
+            raise refuse(field, get(field), "(layer drop) has no equivalent here; set it to 0.0")
+    try:
+        return TransformerConfig(
+            src_vocab_size=vocab_size, tgt_vocab_size=vocab_size, d_model=get("d_model"),
+            num_heads=get("encoder_attention_heads"), num_encoder_layers=get("encoder_layers"),
+            num_decoder_layers=get("decoder_layers"), d_ff=get("encoder_ffn_dim"),
+            dropout=float(get("dropout")), attention_dropout=float(get("attention_dropout")),
+            activation_dropout=float(get("activation_dropout")), activation=activation,
+            norm_first=False, max_positions=get("max_position_embeddings"), output_bias=True,
+            share_all_embeddings=True,
+        )  # fmt: skip
+    except ValueError as err:
+        raise ConfigError(f"config.json describes a model that cannot be built: {err}") from err
+
+
+def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
+    """The checkpoint (as ``train.py`` writes them, for evaluation and fine-tuning) of the
+    MarianMT directory ``model_dir``."""
+    model_dir = Path(model_dir)
+    if not model_dir.is_dir():
+        raise DataError(f"{model_dir} is not a directory (a MarianMT model's, e.g. opus-mt-en-de)")
+    config = read_json(model_dir / "config.json")
+    spms = {}
+    for side, name in SPM_FILES.items():
+        if not (model_dir / name).is_file():
+            raise DataError(f"{model_dir / name} does not exist: a MarianMT directory holds it")
+        spms[side] = (model_dir / name).read_bytes()
+    vocab = vocabulary(model_dir, config, spms)
+    cfg = model_config(config, len(vocab.pieces))
+    weights = read_weights(model_dir)
+    perm = interleaved(cfg.d_model)
+    state = {}
+    for ours, theirs, axis in layer_weights(cfg):
+        missing = [t for t in theirs if t not in weights]
+        if missing:
+            raise DataError(f"{model_dir}: its weights have no {missing[0]}")
+        parts = [
+            weights[t] if axis is None else weights[t].index_select(axis, perm) for t in theirs
+        ]
+        state[ours] = torch.cat(parts).float()
+    embeddings = ("model.shared.weight", "model.encoder.embed_tokens.weight")
+    shared = next((k for k in embeddings if k in weights), None)
+    if shared is None:
+        raise DataError(f"{model_dir}: its weights have no model.shared.weight (the embedding)")
+    embedding = vocab.embedding(weights[shared].float())[:, perm]  # (V, D)
+    for name in ("src_embed.tokens.weight", "tgt_embed.tokens.weight", "output.weight"):
+        state[name] = embedding
+    bias = weights.get("final_logits_bias", torch.zeros(1, config["vocab_size"]))[0].float()
+    bias = vocab.embedding(bias)
+    bias[vocab.blocked] = BLOCKED_LOGIT
+    if not vocab.blocked and not bias.any():  # none: the model needs no output bias
+        cfg.output_bias = False
+    else:
+        state["output.bias"] = bias
+    model = Transformer(cfg)
+    model.load_state_dict(state)  # every weight given, none left over
+    tokenizers = {
+        side: {"name": f"{SPM_FILES[side]}.model", "model": vocabulary_model(spm, vocab.pieces)}
+        for side, spm in spms.items()
+    }
+    langs = tokenizer_config(model_dir)
+    return {
+        "hyper_parameters": {"model": cfg.to_dict()},
+        "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+        "datamodule_hyper_parameters": {
+            "src_lang": langs.get("source_lang"),
+            "tgt_lang": langs.get("target_lang"),
+            "vocab_size": len(vocab.pieces),
+            "joint_vocab": False,
+        },  # fmt: skip
+        "tokenizers": tokenizers,
+        "imported_from": {"path": str(model_dir), "format": "marian"},
+    }
+
+
+def train_overrides(cfg: TransformerConfig) -> list[str]:
+    """The ``train.py`` options that describe the model ``cfg`` (those that differ from
+    ``model/base.yaml``), with the data options its tokenizers need: ``init_from=`` takes a
+    checkpoint of the configured model only."""
+    base = OmegaConf.load(CONFIG_DIR / "model" / "base.yaml")
+    out = [f"data.vocab_size={cfg.src_vocab_size}", "data.joint_vocab=false"]
+    for key, value in cfg.to_dict().items():
+        if key in ("src_vocab_size", "tgt_vocab_size", "pad_id"):
+            continue
+        interpolated = OmegaConf.is_interpolation(base, key)
+        if interpolated or base.get(key) != value:
+            out.append(f"model.{key}={show(value)}")
+    return out
+
+
+def check_tokenizers(ckpt: dict[str, Any]) -> None:
+    """Both tokenizers load with this project's special ids (as a checkpoint's must)."""
+    for entry in ckpt["tokenizers"].values():
+        Tokenizer(entry["name"], model_proto=entry["model"])
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        prog="python -m transformer.export.hf_import",
+        description="Import a Hugging Face MarianMT model directory (an OPUS-MT model: "
+        "config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, "
+        "vocab.json) as a checkpoint that evaluates, fine-tunes (init_from=) and exports.",
+    )
+    parser.add_argument("model_dir", metavar="DIR", help="the MarianMT model directory")
+    parser.add_argument("output", metavar="OUT.ckpt", help="the checkpoint to write")
+    parser.add_argument("--force", action="store_true", help="replace an existing OUT.ckpt")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        check_output_file(args.output, [args.model_dir], args.force, "OUT.ckpt")
+        ckpt = import_marian(args.model_dir)
+        check_tokenizers(ckpt)
+    except UserError as err:
+        parser.exit(2, f"error: {err}\n")
+    atomic_save(ckpt, args.output)
+    cfg = TransformerConfig(**ckpt["hyper_parameters"]["model"])
+    log.info(
+        "wrote %s; evaluate it with: python evaluate.py ckpt_path=%s input=FILE\nfine-tune it "
+        "with: python train.py init_from=%s %s ...", args.output, args.output, args.output,
+        " ".join(train_overrides(cfg)),
+    )  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
