@@ -147,11 +147,11 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
 
 
 def train_overrides(cfg: TransformerConfig) -> list[str]:
-    """The ``train.py`` options that describe the model ``cfg`` (those that differ from
-    ``model/base.yaml``), with the data options its tokenizers need: ``init_from=`` takes a
-    checkpoint of the configured model only."""
+    """The ``train.py`` options that describe the model ``cfg`` (``model=base`` and those that
+    differ from it), with the data options its tokenizers need: ``init_from=`` takes a checkpoint
+    of the configured model only."""
     base = OmegaConf.load(CONFIG_DIR / "model" / "base.yaml")
-    out = [f"data.vocab_size={cfg.src_vocab_size}", "data.joint_vocab=false"]
+    out = ["model=base", f"data.vocab_size={cfg.src_vocab_size}", "data.joint_vocab=false"]
     for key, value in cfg.to_dict().items():
         if key in ("src_vocab_size", "tgt_vocab_size", "pad_id"):
             continue
