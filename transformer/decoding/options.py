@@ -46,6 +46,9 @@ class DecodeOptions:
     # (docs/benchmarks.md#decoding-at-static-shapes-2026-11-26):
     graphs: bool | None = None  # each cached step a CUDA graph; None: on a GPU (not under autocast)
     sync_every: int = 0  # steps between reads of how many sentences are done; 0: 1 on CPU, 8 else
+    # the whole search step (model and search) at static shapes, one CUDA graph with graphs;
+    # None: where graphs are on; true: also without them (on a CPU: eagerly, what a graph replays)
+    static_search: bool | None = None
     prefix: InitVar[str] = "decode"
     strategies: InitVar[Sequence[str]] = STRATEGIES
 
@@ -89,10 +92,12 @@ class DecodeOptions:
                 raise ConfigError(
                     f"{prefix}.{name} must be true or false, got {getattr(self, name)!r}"
                 )
-        if self.graphs is not None and not isinstance(self.graphs, bool):
-            raise ConfigError(
-                f"{prefix}.graphs must be true, false or null (on a GPU), got {self.graphs!r}"
-            )
+        for name in ("graphs", "static_search"):
+            if getattr(self, name) is not None and not isinstance(getattr(self, name), bool):
+                raise ConfigError(
+                    f"{prefix}.{name} must be true, false or null (with CUDA graphs), got "
+                    f"{getattr(self, name)!r}"
+                )
         head = self.alignment_head
         if head is not None and (isinstance(head, bool) or not isinstance(head, int) or head < 0):
             raise ConfigError(

@@ -114,6 +114,21 @@ def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
     return lprobs.masked_fill(banned > 0, float("-inf"))
 
 
+def ban_repeated_ngrams_at(lprobs: Tensor, generated: Tensor, t: Tensor, n: int) -> Tensor:
+    """:func:`ban_repeated_ngrams` at static shapes: ``generated`` (N, L) holds the tokens so far
+    in its first ``t`` (1,) columns (a device count), padding after; (N, V) -> (N, V)."""
+    L = generated.size(1)
+    if n <= 0 or L < n:
+        return lprobs
+    windows = generated.unfold(1, n, 1)  # (N, L - n + 1, n)
+    steps = torch.arange(n - 1, device=t.device)
+    suffix = generated.index_select(1, (t - n + 1 + steps).clamp(min=0))  # (N, n - 1)
+    before = torch.arange(L - n + 1, device=t.device) <= t - n  # (L - n + 1,) windows within t
+    match = (windows[..., :-1] == suffix[:, None]).all(-1) & before  # (N, L - n + 1)
+    banned = torch.zeros_like(lprobs).scatter_add_(1, windows[..., -1], match.to(lprobs.dtype))
+    return lprobs.masked_fill(banned > 0, float("-inf"))
+
+
 @contextmanager
 def evaluating(*models: nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) inside, each model's previous mode restored after."""
@@ -155,6 +170,18 @@ def use_graphs(options: DecodeOptions, device: torch.device) -> bool:
     return device.type == "cuda" if options.graphs is None else options.graphs
 
 
+def use_static_search(options: DecodeOptions, device: torch.device, use_cache: bool) -> bool:
+    """Whether the whole search step, model and search, runs at static shapes
+    (:mod:`transformer.decoding.static`): ``options.static_search``, or (None) where the cached
+    steps replay CUDA graphs (:func:`use_graphs`). Never uncached (whose shapes grow each step):
+    that search runs today's loop."""
+    if not use_cache:
+        return False
+    if options.static_search is None:
+        return use_graphs(options, device)
+    return options.static_search
+
+
 def backend(x: Tensor, dtype: torch.dtype, graphs: bool) -> str:
     """How a cached step runs on ``x``'s device with weights of ``dtype``: logged once (debug),
     recorded in evaluate.py's metrics.json, printed by bench_decode."""
@@ -191,7 +218,9 @@ class Stepper:
     With ``use_cache`` the encoder output's cross-attention K/V are computed once and each call
     feeds only the newest token; without it every call re-runs the decoder over the whole prefix.
     ``steps``: the most calls the search will make, the capacity of the cache (allocated once);
-    off the CPU its shapes are then static, and with ``graphs`` each step replays a CUDA graph.
+    its shapes are then ``static`` (None: off the CPU), and with ``graphs`` each step replays a
+    CUDA graph. A whole search step at static shapes (:mod:`transformer.decoding.static`) calls
+    :meth:`step` and :meth:`reorder_in_place` instead, which read nothing on the host.
     """
 
     def __init__(
@@ -202,13 +231,16 @@ class Stepper:
         use_cache: bool = True,
         steps: int | None = None,
         graphs: bool = False,
+        static: bool | None = None,
     ) -> None:
         self.models = as_ensemble(models)
         self.memory = [m.encode(src, src_pad_mask) for m in self.models]  # each (B, S, D)
         self.memory_pad_mask = src_pad_mask
         self.caches, self.graphs = None, None
         if use_cache:
-            static = steps is not None and not kernels.cpu_kernels(src)
+            if static is None:
+                static = not kernels.cpu_kernels(src)
+            static = static and steps is not None
             pairs = zip(self.models, self.memory, strict=True)
             self.caches = [m.init_cache(mem, src_pad_mask, steps, static) for m, mem in pairs]
             _announce(backend(src, self.memory[0].dtype, static and graphs))
@@ -275,6 +307,23 @@ class Stepper:
                 if cache.static:
                     cache.advance()
         return mean_probabilities(lprobs)
+
+    def step(self, tokens: Tensor, position: Tensor) -> Tensor:
+        """Static caches: tokens (N, 1) at the device ``position`` (1,) -> (N, V)
+        log-probabilities; the position is copied on the device and no count kept on the host,
+        so that a CUDA graph of the whole search step replays it."""
+        lprobs = []
+        with attention_kernel(tokens):
+            for model, cache in zip(self.models, self.caches, strict=True):
+                cache.position.copy_(position)
+                lprobs.append(cached_step(model, tokens, cache))
+        return mean_probabilities(lprobs)
+
+    def reorder_in_place(self, index: Tensor) -> None:
+        """Static caches: keep rows ``index`` (N,), as many as there are, within their sentences
+        (``DecoderCache.reorder_in_place``)."""
+        for cache in self.caches:
+            cache.reorder_in_place(index)
 
 
 def cached_step(model: Transformer, tokens: Tensor, cache: DecoderCache) -> Tensor:
