@@ -6,6 +6,7 @@ inside it nothing reads the device or copies from the host. The CUDA tests captu
 
 from __future__ import annotations
 
+import copy
 from collections import Counter
 
 import pytest
@@ -268,3 +269,56 @@ def test_a_whole_beam_step_of_the_base_decoder(monkeypatch) -> None:
     assert traffic.steps == 13
     assert traffic.outside() == ["_local_scalar_dense"]  # after step 8
     assert traffic.inside["ops"] / traffic.steps <= 165, traffic.inside["ops"] / traffic.steps
+
+
+# On a GPU: the whole step captured in a CUDA graph and replayed.
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+
+
+@pytest.mark.cuda
+@needs_cuda
+@pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_cuda_the_graphed_whole_step_decodes_as_eager(strategy, dtype) -> None:
+    """One CUDA graph of the whole step (the default on a GPU), against the same step eager
+    (graphs=false, static_search=true) and today's loop with the model's step graphed
+    (static_search=false): the same translations, scores within float tolerance."""
+    model, src = random_model().to("cuda", dtype), sources().cuda()
+    options = dict(strategy=strategy, max_len_b=8, sync_every=3, min_len=2)
+    options |= dict(beam_size=4, nbest=3) if strategy == "beam" else {}
+    options |= dict(nbest=2, seed=5, top_k=10) if strategy == "sample" else {}
+    graphed = decode(model, src, DecodeOptions(**options))
+    eager = decode(model, src, DecodeOptions(**options, graphs=False, static_search=True))
+    before = decode(model, src, DecodeOptions(**options, static_search=False))
+    tol = 1e-4 if dtype == torch.float32 else 1e-2
+    for other in (eager, before):
+        assert graphed[0] == other[0]
+        for got, want in zip(graphed[1], other[1], strict=True):
+            assert got == pytest.approx(want, abs=tol)
+
+
+@pytest.mark.cuda
+@needs_cuda
+def test_cuda_prefixes_constraints_and_ensembles_in_the_graph() -> None:
+    """Prefixes, constraints, n-gram bans and an ensemble inside the captured step: the CPU's
+    translations (today's loop), float32."""
+    torch.manual_seed(1)
+    models = [random_model(), random_model(positions="rope")]
+    gpu = [copy.deepcopy(m).cuda() for m in models]
+    src = sources()
+    runs = [
+        (dict(strategy="greedy", no_repeat_ngram_size=2), dict(target_prefix=PREFIXES)),
+        (dict(beam_size=3, nbest=3), dict(target_prefix=PREFIXES)),
+        (dict(beam_size=3, nbest=2, max_len_b=9), dict(constraints=PHRASES)),
+        (dict(strategy="sample", seed=2, nbest=2), dict(target_prefix=PREFIXES)),
+    ]
+    for options, extra in runs:
+        options = dict(max_len_b=8) | options
+        on_cpu = decode(models, src, DecodeOptions(**options), **extra)
+        if "target_prefix" in extra:
+            extra = dict(target_prefix=PREFIXES.cuda())
+        on_gpu = decode(gpu, src.cuda(), DecodeOptions(**options, sync_every=4), **extra)
+        assert on_gpu[0] == on_cpu[0]
+        for got, want in zip(on_gpu[1], on_cpu[1], strict=True):
+            assert got == pytest.approx(want, abs=1e-3)

@@ -28,20 +28,23 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from transformer.decoding.graphs import GraphedSearchStep
 from transformer.decoding.hooks import SearchHook
 from transformer.decoding.options import DecodeOptions
-from transformer.decoding.step import Stepper, sync_interval
+from transformer.decoding.step import Stepper, sync_interval, use_graphs
 from transformer.model import Transformer
 
 # (lprobs (n, V), the rows' indices (n,), the step (1,) on the device) -> (n,) ids
 TokenChoice = Callable[[Tensor, Tensor, Tensor], Tensor]
 
 
-def run(step: Callable[[], None], done: Tensor, steps: int, every: int) -> None:
-    """Run ``step`` up to ``steps`` times until ``done`` (a () bool tensor the step writes),
-    which the host reads every ``every`` steps: the loop's one synchronisation."""
+def run(step: Callable[[], None], done: Tensor, steps: int, every: int, graphs: bool) -> None:
+    """Run ``step`` up to ``steps`` times, from one CUDA graph with ``graphs``, until ``done``
+    (a () bool tensor the step writes), which the host reads every ``every`` steps: the loop's
+    one synchronisation."""
+    replay = GraphedSearchStep(step) if graphs else step
     for t in range(steps):
-        step()
+        replay()
         if (t + 1) % every == 0 and t + 1 < steps and bool(done):
             break
 
@@ -160,12 +163,12 @@ def beam_search(
     if vocab < 2 * K:
         raise ValueError(f"beam_size={K} needs a vocabulary of at least {2 * K} tokens")
     steps = int(max_len.max()) + 1  # eos included
-    stepper = Stepper(models, src, src_pad_mask, True, steps, static=True)
+    graphs = use_graphs(options, src.device)
+    stepper = Stepper(models, src, src_pad_mask, True, steps, graphs, whole_step=True)
     stepper.expand_beams(K)
     hooks.static(K)
     step = BeamStep(stepper, hooks, max_len, options, steps, ids)
-    every = sync_interval(options, src)
-    run(step, step.done, steps, every)
+    run(step, step.done, steps, sync_interval(options, src), graphs)
     return step.fin_scores, step.fin_tokens
 
 
@@ -225,8 +228,9 @@ def decode_rows(
     ``max_len`` (B,) before eos, ``ids`` (bos, eos, pad), in eval mode -> the tokens (B, L),
     eos then padding after each, and their log-probabilities (B,)."""
     steps = int(max_len.max()) + 1  # eos included
-    stepper = Stepper(models, src, src_pad_mask, True, steps, static=True)
+    graphs = use_graphs(options, src.device)
+    stepper = Stepper(models, src, src_pad_mask, True, steps, graphs, whole_step=True)
     hooks.static(1)
     step = RowStep(stepper, hooks, choose, max_len, steps, ids)
-    run(step, step.done, steps, sync_interval(options, src))
+    run(step, step.done, steps, sync_interval(options, src), graphs)
     return step.tokens[:, 1:], step.total

@@ -182,15 +182,17 @@ def use_static_search(options: DecodeOptions, device: torch.device, use_cache: b
     return options.static_search
 
 
-def backend(x: Tensor, dtype: torch.dtype, graphs: bool) -> str:
-    """How a cached step runs on ``x``'s device with weights of ``dtype``: logged once (debug),
-    recorded in evaluate.py's metrics.json, printed by bench_decode."""
+def backend(x: Tensor, dtype: torch.dtype, graphs: bool, whole_step: bool = False) -> str:
+    """How a cached step runs on ``x``'s device with weights of ``dtype`` (``whole_step``: in
+    the whole search step at static shapes, :mod:`transformer.decoding.static`): logged once
+    (debug), recorded in evaluate.py's metrics.json, printed by bench_decode."""
     name = f"decoding on {x.device.type} in {str(dtype).removeprefix('torch.')}"
+    search = ", the whole search step at static shapes" if whole_step else ""
     if kernels.cpu_kernels(x):
-        return f"{name}: oneDNN linear layers, attention steps as two batched products"
+        return f"{name}: oneDNN linear layers, attention steps as two batched products{search}"
     return (
         f"{name}: SDPA's memory-efficient attention kernel (flash where it takes the call), "
-        f"static shapes, CUDA graphs {'on' if graphs else 'off'}"
+        f"static shapes, CUDA graphs {'on' if graphs else 'off'}{search}"
     )
 
 
@@ -218,9 +220,11 @@ class Stepper:
     With ``use_cache`` the encoder output's cross-attention K/V are computed once and each call
     feeds only the newest token; without it every call re-runs the decoder over the whole prefix.
     ``steps``: the most calls the search will make, the capacity of the cache (allocated once);
-    its shapes are then ``static`` (None: off the CPU), and with ``graphs`` each step replays a
-    CUDA graph. A whole search step at static shapes (:mod:`transformer.decoding.static`) calls
-    :meth:`step` and :meth:`reorder_in_place` instead, which read nothing on the host.
+    off the CPU its shapes are then static, and with ``graphs`` each step replays a CUDA graph.
+    ``whole_step``: the search's whole step runs at static shapes
+    (:mod:`transformer.decoding.static`; static caches on the CPU too): it calls :meth:`step`
+    and :meth:`reorder_in_place`, which read nothing on the host, and with ``graphs`` it is the
+    one CUDA graph (the model's steps get none of their own).
     """
 
     def __init__(
@@ -231,20 +235,18 @@ class Stepper:
         use_cache: bool = True,
         steps: int | None = None,
         graphs: bool = False,
-        static: bool | None = None,
+        whole_step: bool = False,
     ) -> None:
         self.models = as_ensemble(models)
         self.memory = [m.encode(src, src_pad_mask) for m in self.models]  # each (B, S, D)
         self.memory_pad_mask = src_pad_mask
         self.caches, self.graphs = None, None
         if use_cache:
-            if static is None:
-                static = not kernels.cpu_kernels(src)
-            static = static and steps is not None
+            static = steps is not None and (whole_step or not kernels.cpu_kernels(src))
             pairs = zip(self.models, self.memory, strict=True)
             self.caches = [m.init_cache(mem, src_pad_mask, steps, static) for m, mem in pairs]
-            _announce(backend(src, self.memory[0].dtype, static and graphs))
-            if static and graphs:
+            _announce(backend(src, self.memory[0].dtype, static and graphs, whole_step))
+            if static and graphs and not whole_step:
                 self.graphs = []
                 for model, cache in zip(self.models, self.caches, strict=True):
                     cache.pinned = True
