@@ -11,7 +11,9 @@ synchronisation reads how many sentences are done: every step on the CPU, every 
 steps elsewhere, where done sentences wait frozen (their live beams at -inf) and then leave into
 one of a few batch sizes (``transformer.decoding.step.batch_size``), filled with padding
 sentences whose hypotheses are dropped. Nothing is copied from the host in the loop: the ids it
-bans are index tensors made before it.
+bans are index tensors made before it. Where ``decode.static_search`` says (by default where
+CUDA graphs are on), the same rules run as one whole step at static shapes instead, K beams from
+the first step and done sentences frozen to the end (:mod:`transformer.decoding.static`).
 """
 
 from __future__ import annotations

@@ -6,7 +6,9 @@ Length rules are beam search's: a sentence gets between ``min_len`` and
 capped by the model's positions), eos being forced at the limit; bos and pad are never produced.
 As in beam search, the one host synchronisation reads how many sentences finished (every
 ``sync_every`` steps off the CPU; rows past their eos wait until then, adding nothing), and
-finished rows leave the batch.
+finished rows leave the batch; or, where ``decode.static_search`` says (by default where CUDA
+graphs are on), they stay to the end, each step one whole step at static shapes
+(:mod:`transformer.decoding.static`).
 """
 
 from __future__ import annotations
