@@ -18,19 +18,25 @@ kernel autotuning, allocations), then once more timed, the systems alternating b
 (their order rotating). The table gives sentences/s and target tokens/s (eos included) over the
 timed pass and, per system, the median over batches of its time over ours; ``--out FILE`` keeps
 every batch's seconds (JSON). The first lines say what ran where: the device, versions, our
-decoding backend (attention kernel, static shapes, CUDA graphs), CTranslate2's compute type.
+decoding backend (attention kernel, static shapes, CUDA graphs, the whole search step),
+CTranslate2's compute type. ``--compare-search`` adds ours with the other search step
+(``decode.static_search`` flipped: the whole step at static shapes, one CUDA graph on a GPU,
+against the model's step alone graphed and the search eager), so that its time / ours is the
+ratio of the two paths.
 
     pip install transformers   # the MarianMTModel column; pip install -e ".[export]": CTranslate2
     python bench/bench_decode.py --root ../shared/data/multi30k
     python bench/bench_decode.py --root DIR --searches beam --lengths reference --max-tokens 4096
     python bench/bench_decode.py --root DIR --dtype bfloat16 --uncached   # every system in bf16
     python bench/bench_decode.py --root DIR --dry-run   # tiny sizes, seconds: does it all run?
+    python bench/bench_decode.py --root DIR --compare-search --no-marian --no-ct2  # both paths
 """
 
 from __future__ import annotations
 
 import argparse
 import copy
+import dataclasses
 import importlib.util
 import json
 import os
@@ -52,7 +58,7 @@ from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode
-from transformer.decoding.step import backend, use_graphs
+from transformer.decoding.step import backend, use_graphs, use_static_search
 from transformer.translate import DTYPES, length_batches
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # source ids (B, S), output lengths (B,)
@@ -208,6 +214,12 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--graphs", choices=["auto", "on", "off"], default="auto",
                    help="ours: CUDA graphs (decode.graphs; auto: on a GPU)")  # fmt: skip
     p.add_argument("--sync-every", type=int, default=0, help="ours: decode.sync_every")
+    p.add_argument("--static-search", choices=["on", "off"], default="off",
+                   help="ours: the whole search step at static shapes, one CUDA graph "
+                        "(decode.static_search)")  # fmt: skip
+    p.add_argument("--compare-search", action="store_true",
+                   help="also ours with the other search step (decode.static_search flipped): "
+                        "its time / ours is the ratio of the two paths")  # fmt: skip
     p.add_argument("--uncached", action="store_true", help="also our uncached decoder")
     p.add_argument("--no-marian", action="store_true", help="skip MarianMTModel")
     p.add_argument("--no-ct2", action="store_true", help="skip CTranslate2")
@@ -234,6 +246,7 @@ def main() -> None:
     model = Transformer(cfg).eval()
     batches, tok = source_batches(args, device, cfg.max_positions)
     graphs = {"auto": None, "on": True, "off": False}[args.graphs]
+    static_search = args.static_search == "on"
     marian_installed = importlib.util.find_spec("transformers") is not None
     ct2_installed = importlib.util.find_spec("ctranslate2") is not None
 
@@ -245,8 +258,9 @@ def main() -> None:
           f"sentences={sentences} batches={len(batches)} lengths={args.lengths} "
           f"tokens/sentence={tokens / sentences:.1f} d_model={args.d_model} "
           f"layers={args.layers}+{args.layers} vocab={args.vocab}")  # fmt: skip
-    probe = DecodeOptions(graphs=graphs)
-    print(f"ours: {backend(batches[0][0], dtype, use_graphs(probe, device))}")
+    probe = DecodeOptions(graphs=graphs, static_search=static_search)
+    whole_step = use_static_search(probe, device, use_cache=True)
+    print(f"ours: {backend(batches[0][0], dtype, use_graphs(probe, device), whole_step)}")
 
     results: dict[str, dict[str, list[float]]] = {}
     for search in args.searches:
@@ -256,9 +270,12 @@ def main() -> None:
         min_len = args.length if args.lengths == "equal" else 1
         options = DecodeOptions(
             strategy=search, beam_size=beams, min_len=min_len, graphs=graphs,
-            sync_every=args.sync_every,
+            sync_every=args.sync_every, static_search=whole_step,
         )  # fmt: skip
         systems = {"ours": ours(model.to(device, dtype), options)}
+        if args.compare_search:  # the other search step, on the same weights
+            other = dataclasses.replace(options, static_search=not whole_step)
+            systems[f"ours, static_search={str(not whole_step).lower()}"] = ours(model, other)
         if args.uncached:
             systems["ours, uncached"] = ours(model, options, use_cache=False)
         if not args.no_marian and marian_installed:

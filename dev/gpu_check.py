@@ -273,6 +273,9 @@ def cmd_note(args: argparse.Namespace) -> None:
         if row:
             marian = _table_row(log, "MarianMTModel.generate")
             note = f"ours {row[2]} sent/s" + (f", Marian {marian[4]} our time" if marian else "")
+            other = re.search(r"^\| ours, (static_search=\w+) \|.*\| (\S+x) .*\|$", log, re.M)
+            if other:  # --compare-search: the other search step's time / ours
+                note += f", {other[1]} {other[2]} our time"
     elif args.kind == "eval":  # LOG is evaluate.py's metrics.json
         m = json.loads(log) if log else None
         if m:

@@ -380,15 +380,16 @@ stage3() {
 
   # bench_decode: beam 5, bf16 weights, test_2016_flickr in evaluate.py's batches (4096 source
   # tokens) with the reference lengths (sentences end at different steps, as a trained model's
-  # do), then equal lengths (the cost of one step alone); beam and greedy. Marian when
-  # transformers imports, CTranslate2 when its build runs here.
+  # do), then equal lengths (the cost of one step alone); beam and greedy; ours with the whole
+  # search step in one CUDA graph (the default) and with the model's step alone graphed
+  # (--compare-search). Marian when transformers imports, CTranslate2 when its build runs here.
   local marian=()
   "$PY" -c 'import transformers' >/dev/null 2>&1 || marian=(--no-marian)
   local decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
-    --dtype bfloat16 --max-tokens 4096 "${marian[@]}")
+    --dtype bfloat16 --max-tokens 4096 --compare-search "${marian[@]}")
   if ((DRY)); then
     decode=("$PY" bench/bench_decode.py --root "$DATA" --split test_2016_flickr --beam 5
-      --dtype bfloat16 --max-tokens 64 "${marian[@]}" --cache-dir "$TMP/cache"
+      --dtype bfloat16 --max-tokens 64 --compare-search "${marian[@]}" --cache-dir "$TMP/cache"
       --limit 12 --vocab "$DRY_VOCAB" --d-model 32 --heads 2 --layers 1 --d-ff 64 --length 4)
   fi
   local lengths

@@ -266,7 +266,7 @@ class DecoderCache:
         """Let each row become ``k`` consecutive rows, its sentence's beams (once)."""
         if self.beams != 1:
             raise ValueError("expand_beams comes once")
-        if self.offset and k > 1:
+        if (self.offset or self.static) and k > 1:  # (static: its buffers have every row)
             rows = torch.arange(self.self_attn[0].batch_size, device=self.cross_attn[0].k.device)
             self._reorder_rows(rows.repeat_interleave(k))
         self.beams = k
@@ -278,6 +278,13 @@ class DecoderCache:
         else:
             for cache in self.self_attn:
                 cache.reorder(index)
+
+    def reorder_in_place(self, index: Tensor) -> None:
+        """Static: keep decoder rows ``index`` (N,), as many rows as there are, each within its
+        sentence's block, over the whole capacity, in place: no step count read on the host and
+        no buffer moved (a whole search step that a CUDA graph replays)."""
+        for slab in self._self_slabs:
+            slab.reorder(index, slab.buf.size(0), pinned=True)
 
     def reorder(self, index: Tensor, sentences: Tensor | None = None) -> None:
         """Keep decoder rows ``index`` (N',) in that order.

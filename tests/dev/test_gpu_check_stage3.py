@@ -31,6 +31,8 @@ def test_decoding_file_holds_every_table(dry) -> None:
     bench = read(dry[1], "decode.txt")
     cached = re.findall(r"^\| ours \| [\d.]+ \| [\d.]+ \| \d+ \| - \|$", bench, re.M)
     assert len(cached) == 4  # bench_decode: reference and equal lengths, beam and greedy
+    other = re.findall(r"^\| ours, static_search=(true|false) \|.*\| [\d.]+x .*\|$", bench, re.M)
+    assert len(other) == 4  # --compare-search: the other search step (on a CPU the static one)
     assert "lengths=reference" in bench and "lengths=equal" in bench and "dtype=bfloat16" in bench
     shapes = re.findall(r"^\| (train|decode): .*( \d+\.\d\d ms \|){3} \d+\.\d\dx \|$", bench, re.M)
     assert len(shapes) == 4  # bench_attention

@@ -17,6 +17,7 @@ OTHER = {
     "min_len": 2, "nbest": 2, "no_repeat_ngram_size": 3, "temperature": 0.7, "top_k": 5,
     "top_p": 0.9, "seed": 7, "score_prefix": True, "print_scores": True, "alignment": True,
     "alignment_layer": 0, "alignment_head": 1, "graphs": True, "sync_every": 4,
+    "static_search": True,
 }  # fmt: skip
 SAMPLING = {"temperature", "top_k", "top_p", "seed"}
 

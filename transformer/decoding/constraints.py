@@ -92,6 +92,7 @@ class Constraints(SearchHook):
         self.most = int(lengths.sum(1).max())  # the most constraint tokens of a sentence
         self.met = self.lengths.eq(0)  # (n, k, C) a phrase is met (an absent one is)
         self.progress = torch.zeros_like(self.lengths)  # (n, k, C) its tokens the output ends with
+        self.in_place = False  # a static search: the state keeps its shape and its address
 
     @classmethod
     def of(
@@ -127,7 +128,7 @@ class Constraints(SearchHook):
         cand_beam: Tensor,
         cand_tok: Tensor,
         sentences: Tensor,
-        t: int,
+        t: int | Tensor,
         last: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """The step's 2K candidates by dynamic beam allocation, best first, in place of the
@@ -170,10 +171,21 @@ class Constraints(SearchHook):
         self.drawn = met.gather(1, index), progress.gather(1, index)  # (n, 2K, C) each
         return scores.gather(1, chosen), beam.gather(1, chosen), tok.gather(1, chosen)
 
+    def static(self, beams: int) -> None:
+        """Every sentence's ``beams`` rows from the first step, its state changed in place."""
+        self.met = self.met.expand(-1, beams, -1).clone()
+        self.progress = self.progress.expand(-1, beams, -1).clone()
+        self.in_place = True
+
     def keep_beams(self, live: Tensor) -> None:
         """The state of the live beams, ``live`` (n, K) of the candidates drawn last."""
         index = live.unsqueeze(-1).expand(-1, -1, self.met.size(-1))
-        self.met, self.progress = (state.gather(1, index) for state in self.drawn)
+        met, progress = (state.gather(1, index) for state in self.drawn)
+        if self.in_place:
+            self.met.copy_(met)
+            self.progress.copy_(progress)
+        else:
+            self.met, self.progress = met, progress
 
     def _advance(self, beam: Tensor, tok: Tensor) -> tuple[Tensor, Tensor]:
         """Each candidate's phrases met and progress (n, M, C), after beam (n, M) emits tok."""

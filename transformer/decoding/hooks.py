@@ -14,6 +14,13 @@ without branching on which features are on. In step order:
    its live beams are chosen.
 5. :meth:`SearchHook.keep`, when finished sentences leave the batch.
 6. :meth:`SearchHook.finish`, on the hypotheses returned.
+
+A static search (:mod:`transformer.decoding.static`: the whole step at fixed shapes, replayed
+from a CUDA graph on a GPU) calls :meth:`SearchHook.static` once before its loop, then moments 2-4
+with ``t`` a (1,) int64 tensor on the device and ``prefixes`` the (N, L + 1) buffer of every
+step's tokens (padding after the t + 1 so far); no sentence leaves (no :meth:`SearchHook.keep`).
+There a moment must not read the device on the host nor branch on ``t``, and it changes its
+state in place (a graph replays the addresses it captured).
 """
 
 from __future__ import annotations
@@ -34,11 +41,16 @@ class SearchHook:
         """(n,) each sentence's most tokens before eos, at most ``cap`` -> the same, changed."""
         return max_len
 
-    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int) -> None:
+    def static(self, beams: int) -> None:
+        """A static search: ``beams`` rows a sentence from the first step (beam search's first
+        step has one live beam, the others at -inf), no sentence leaving; state at its full
+        shape from now on, changed in place."""
+
+    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int | Tensor) -> None:
         """lprobs (n * k, V) at step ``t``, before any change; rows of ``sentences`` (n,), ``k``
         consecutive rows a sentence (its beams)."""
 
-    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
+    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int | Tensor) -> Tensor:
         """lprobs (N, V) of prefixes (N, t + 1), bos first, after t tokens generated -> (N, V),
         changed (in place or not)."""
         return lprobs
@@ -55,7 +67,7 @@ class SearchHook:
         beams: Tensor,
         tokens: Tensor,
         sentences: Tensor,
-        t: int,
+        t: int | Tensor,
         last: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """Beam search: the step's candidates (n, 2K), best first (their scores, source beams and
@@ -84,11 +96,15 @@ class Hooks(SearchHook):
             max_len = hook.lengthen(max_len, cap)
         return max_len
 
-    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int) -> None:
+    def static(self, beams: int) -> None:
+        for hook in self.hooks:
+            hook.static(beams)
+
+    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int | Tensor) -> None:
         for hook in self.hooks:
             hook.observe(lprobs, sentences, k, t)
 
-    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
+    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int | Tensor) -> Tensor:
         for hook in self.hooks:
             lprobs = hook.log_probs(lprobs, prefixes, t)
         return lprobs
@@ -104,7 +120,7 @@ class Hooks(SearchHook):
         beams: Tensor,
         tokens: Tensor,
         sentences: Tensor,
-        t: int,
+        t: int | Tensor,
         last: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         for hook in self.hooks:

@@ -46,6 +46,10 @@ class DecodeOptions:
     # (docs/benchmarks.md#decoding-at-static-shapes-2026-11-26):
     graphs: bool | None = None  # each cached step a CUDA graph; None: on a GPU (not under autocast)
     sync_every: int = 0  # steps between reads of how many sentences are done; 0: 1 on CPU, 8 else
+    # the whole search step (model and search) at static shapes, one CUDA graph where graphs are
+    # on (on a CPU: eagerly, what a graph replays); false: the search's loop, the model's step alone
+    # graphed. Off until it has run on a GPU (docs/evaluation.md)
+    static_search: bool = False
     prefix: InitVar[str] = "decode"
     strategies: InitVar[Sequence[str]] = STRATEGIES
 
@@ -84,7 +88,7 @@ class DecodeOptions:
             )
         if not 0 < self.top_p <= 1:
             raise ConfigError(f"{prefix}.top_p must be in (0, 1], got {self.top_p} (1 = off)")
-        for name in ("print_scores", "alignment", "score_prefix"):
+        for name in ("print_scores", "alignment", "score_prefix", "static_search"):
             if not isinstance(getattr(self, name), bool):
                 raise ConfigError(
                     f"{prefix}.{name} must be true or false, got {getattr(self, name)!r}"

@@ -49,6 +49,7 @@ class ForcedPrefix(SearchHook):
         pad_row = torch.full_like(target_prefix[:1], pad_id)
         self.tokens = torch.cat([target_prefix, pad_row])  # (B + 1, P)
         self.lengths = torch.cat([self.lengths, self.lengths.new_zeros(1)])  # (B + 1,)
+        self.ends = self.lengths.masked_fill(self.lengths.eq(0), -1)  # (B + 1,) -1: no prefix
         self.steps, self.score = target_prefix.size(1), score
         self.pad_id, self.eos_id = pad_id, eos_id
         self.step: tuple[Tensor, Tensor, Tensor] | None = None  # this step's :meth:`at`
@@ -79,13 +80,14 @@ class ForcedPrefix(SearchHook):
             )
         return torch.maximum(max_len, lengths)
 
-    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int) -> None:
-        """Within the prefixes (``t`` below their longest), which rows they force at this step,
-        read before any ban changes ``lprobs`` (:meth:`at`)."""
+    def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int | Tensor) -> None:
+        """Within the prefixes (``t`` below their longest; a static step's, always), which rows
+        they force at this step, read before any ban changes ``lprobs`` (:meth:`at`)."""
         rows = sentences.repeat_interleave(k) if k > 1 else sentences  # (n * k,)
-        self.step = self.at(lprobs, rows, t) if t < self.steps else None
+        within = isinstance(t, Tensor) or t < self.steps
+        self.step = self.at(lprobs, rows, t) if within else None
 
-    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
+    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int | Tensor) -> Tensor:
         """Each forced row's prefix token alone (:meth:`only`), whatever was banned."""
         return lprobs if self.step is None else self.only(lprobs, *self.step)
 
@@ -96,35 +98,38 @@ class ForcedPrefix(SearchHook):
         beams: Tensor,
         tokens: Tensor,
         sentences: Tensor,
-        t: int,
+        t: int | Tensor,
         last: Tensor,
     ) -> tuple[Tensor, Tensor, Tensor]:
         """At the first step after a sentence's prefix, only the best candidate may end
         (:meth:`no_early_eos`)."""
-        if 0 < t <= self.steps:
+        if isinstance(t, Tensor) or 0 < t <= self.steps:
             tokens, scores = self.no_early_eos(tokens, scores, sentences, t, last)
         return scores, beams, tokens
 
-    def at(self, lprobs: Tensor, sentences: Tensor, t: int) -> tuple[Tensor, Tensor, Tensor]:
+    def at(
+        self, lprobs: Tensor, sentences: Tensor, t: int | Tensor
+    ) -> tuple[Tensor, Tensor, Tensor]:
         """lprobs (N, V), before any ban, of rows of ``sentences`` (N,) at step ``t`` -> which
         rows are forced (N,), the prefix token they take (N,) and its gain (N,): its
-        log-probability with ``score``, else 0."""
+        log-probability with ``score``, else 0. A static step's ``t`` (1,) may be past them."""
         forced = self.lengths[sentences] > t  # (N,)
-        token = self.tokens[sentences, t]  # (N,) pad where not forced
+        column = t if isinstance(t, int) else t.clamp(max=self.steps - 1)
+        token = self.tokens[sentences, column]  # (N,) pad where not forced
         gain = lprobs.gather(1, token.unsqueeze(1)).squeeze(1) if self.score else None
         return forced, token, torch.zeros_like(lprobs[:, 0]) if gain is None else gain
 
     def no_early_eos(
-        self, tokens: Tensor, scores: Tensor, sentences: Tensor, t: int, last: Tensor
+        self, tokens: Tensor, scores: Tensor, sentences: Tensor, t: int | Tensor, last: Tensor
     ) -> tuple[Tensor, Tensor]:
         """Beam search's candidates (n, 2K), best first, of ``sentences`` (n,) at step ``t``: at
         the first step after a sentence's prefix, an eos candidate but the best becomes a dead
         one (pad, -inf), unless ``last`` (n,), at its length limit. CTranslate2's rule (its issue
         #277): else an eos right after the prefix, its own beam's second choice, finishes a
         hypothesis that without length normalisation too often wins."""
-        after = (self.lengths[sentences] == t) & ~last  # (n,)
+        after = (self.ends[sentences] == t) & ~last  # (n,)
         drop = after.unsqueeze(1) & tokens.eq(self.eos_id)  # (n, 2K)
-        drop[:, 0] = False
+        drop[:, 0].fill_(False)  # (a fill: no value copied from the host, as a graph needs)
         return tokens.masked_fill(drop, self.pad_id), scores.masked_fill(drop, float("-inf"))
 
     @staticmethod

@@ -50,9 +50,11 @@ def streams(seed: int, sentences: Tensor, samples: Tensor) -> Tensor:
     return mix64(mix64(sentences ^ seeded) + samples)
 
 
-def uniforms(states: Tensor, t: int) -> Tensor:
-    """(N,) float64 numbers in [0, 1): the t-th output of each row's splitmix64 stream."""
-    return _shr(mix64(states + _signed((t + 1) * GOLDEN)), 11).double() * 2.0**-53
+def uniforms(states: Tensor, t: int | Tensor) -> Tensor:
+    """(N,) float64 numbers in [0, 1): the t-th output of each row's splitmix64 stream; ``t`` an
+    int, or a (1,) int64 tensor on the device (a static step: the product wraps around there)."""
+    step = _signed((t + 1) * GOLDEN) if isinstance(t, int) else (t + 1) * GOLDEN
+    return _shr(mix64(states + step), 11).double() * 2.0**-53
 
 
 def sample_tokens(
@@ -119,7 +121,7 @@ def sample(
     states = streams(options.seed, sentences, samples)
     states = torch.cat([states, states[:1]])  # row B * N: a padding row's (its tokens ignored)
 
-    def draw(lprobs: Tensor, rows: Tensor, t: int) -> Tensor:
+    def draw(lprobs: Tensor, rows: Tensor, t: int | Tensor) -> Tensor:
         u = uniforms(states[rows], t)
         return sample_tokens(lprobs, u, options.temperature, options.top_k, options.top_p)
 

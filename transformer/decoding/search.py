@@ -15,6 +15,7 @@ from transformer.decoding.step import (
     Models,
     as_ensemble,
     ban_repeated_ngrams,
+    ban_repeated_ngrams_at,
     batch_size,
     sentence_max_lengths,
 )
@@ -69,11 +70,20 @@ class TokenBans(SearchHook):
     ) -> None:
         self.never = torch.tensor([pad_id, bos_id], device=device)  # ids never generated
         self.too_soon = torch.tensor([pad_id, bos_id, eos_id], device=device)  # before min_len
-        self.min_len, self.ngram = options.min_len, options.no_repeat_ngram_size
+        self.min_len, self.ngram, self.eos_id = (
+            options.min_len,
+            options.no_repeat_ngram_size,
+            eos_id,
+        )
 
-    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int) -> Tensor:
+    def log_probs(self, lprobs: Tensor, prefixes: Tensor, t: int | Tensor) -> Tensor:
         """lprobs (N, V) of prefixes (N, t + 1), bos first, after t tokens generated -> (N, V),
-        the banned ids at -inf (``lprobs`` is changed in place)."""
+        the banned ids at -inf (``lprobs`` is changed in place). A static step's ``t`` (1,):
+        eos banned by a mask, the n-grams read from the prefixes' buffer."""
+        if isinstance(t, Tensor):
+            lprobs.index_fill_(1, self.never, float("-inf"))
+            lprobs[:, self.eos_id].masked_fill_(t < self.min_len, float("-inf"))
+            return ban_repeated_ngrams_at(lprobs, prefixes[:, 1:], t, self.ngram)
         lprobs.index_fill_(1, self.too_soon if t < self.min_len else self.never, float("-inf"))
         return ban_repeated_ngrams(lprobs, prefixes[:, 1:], self.ngram)
 

@@ -114,6 +114,21 @@ def ban_repeated_ngrams(lprobs: Tensor, generated: Tensor, n: int) -> Tensor:
     return lprobs.masked_fill(banned > 0, float("-inf"))
 
 
+def ban_repeated_ngrams_at(lprobs: Tensor, generated: Tensor, t: Tensor, n: int) -> Tensor:
+    """:func:`ban_repeated_ngrams` at static shapes: ``generated`` (N, L) holds the tokens so far
+    in its first ``t`` (1,) columns (a device count), padding after; (N, V) -> (N, V)."""
+    L = generated.size(1)
+    if n <= 0 or L < n:
+        return lprobs
+    windows = generated.unfold(1, n, 1)  # (N, L - n + 1, n)
+    steps = torch.arange(n - 1, device=t.device)
+    suffix = generated.index_select(1, (t - n + 1 + steps).clamp(min=0))  # (N, n - 1)
+    before = torch.arange(L - n + 1, device=t.device) <= t - n  # (L - n + 1,) windows within t
+    match = (windows[..., :-1] == suffix[:, None]).all(-1) & before  # (N, L - n + 1)
+    banned = torch.zeros_like(lprobs).scatter_add_(1, windows[..., -1], match.to(lprobs.dtype))
+    return lprobs.masked_fill(banned > 0, float("-inf"))
+
+
 @contextmanager
 def evaluating(*models: nn.Module) -> Iterator[None]:
     """Eval mode (no dropout) inside, each model's previous mode restored after."""
@@ -155,15 +170,25 @@ def use_graphs(options: DecodeOptions, device: torch.device) -> bool:
     return device.type == "cuda" if options.graphs is None else options.graphs
 
 
-def backend(x: Tensor, dtype: torch.dtype, graphs: bool) -> str:
-    """How a cached step runs on ``x``'s device with weights of ``dtype``: logged once (debug),
-    recorded in evaluate.py's metrics.json, printed by bench_decode."""
+def use_static_search(options: DecodeOptions, device: torch.device, use_cache: bool) -> bool:
+    """Whether the whole search step, model and search, runs at static shapes
+    (:mod:`transformer.decoding.static`): ``options.static_search`` (a CUDA graph where
+    :func:`use_graphs`, eagerly elsewhere). Never uncached (whose shapes grow each step): that
+    search runs today's loop."""
+    return use_cache and options.static_search
+
+
+def backend(x: Tensor, dtype: torch.dtype, graphs: bool, whole_step: bool = False) -> str:
+    """How a cached step runs on ``x``'s device with weights of ``dtype`` (``whole_step``: in
+    the whole search step at static shapes, :mod:`transformer.decoding.static`): logged once
+    (debug), recorded in evaluate.py's metrics.json, printed by bench_decode."""
     name = f"decoding on {x.device.type} in {str(dtype).removeprefix('torch.')}"
+    search = ", the whole search step at static shapes" if whole_step else ""
     if kernels.cpu_kernels(x):
-        return f"{name}: oneDNN linear layers, attention steps as two batched products"
+        return f"{name}: oneDNN linear layers, attention steps as two batched products{search}"
     return (
         f"{name}: SDPA's memory-efficient attention kernel (flash where it takes the call), "
-        f"static shapes, CUDA graphs {'on' if graphs else 'off'}"
+        f"static shapes, CUDA graphs {'on' if graphs else 'off'}{search}"
     )
 
 
@@ -192,6 +217,10 @@ class Stepper:
     feeds only the newest token; without it every call re-runs the decoder over the whole prefix.
     ``steps``: the most calls the search will make, the capacity of the cache (allocated once);
     off the CPU its shapes are then static, and with ``graphs`` each step replays a CUDA graph.
+    ``whole_step``: the search's whole step runs at static shapes
+    (:mod:`transformer.decoding.static`; static caches on the CPU too): it calls :meth:`step`
+    and :meth:`reorder_in_place`, which read nothing on the host, and with ``graphs`` it is the
+    one CUDA graph (the model's steps get none of their own).
     """
 
     def __init__(
@@ -202,17 +231,18 @@ class Stepper:
         use_cache: bool = True,
         steps: int | None = None,
         graphs: bool = False,
+        whole_step: bool = False,
     ) -> None:
         self.models = as_ensemble(models)
         self.memory = [m.encode(src, src_pad_mask) for m in self.models]  # each (B, S, D)
         self.memory_pad_mask = src_pad_mask
         self.caches, self.graphs = None, None
         if use_cache:
-            static = steps is not None and not kernels.cpu_kernels(src)
+            static = steps is not None and (whole_step or not kernels.cpu_kernels(src))
             pairs = zip(self.models, self.memory, strict=True)
             self.caches = [m.init_cache(mem, src_pad_mask, steps, static) for m, mem in pairs]
-            _announce(backend(src, self.memory[0].dtype, static and graphs))
-            if static and graphs:
+            _announce(backend(src, self.memory[0].dtype, static and graphs, whole_step))
+            if static and graphs and not whole_step:
                 self.graphs = []
                 for model, cache in zip(self.models, self.caches, strict=True):
                     cache.pinned = True
@@ -275,6 +305,23 @@ class Stepper:
                 if cache.static:
                     cache.advance()
         return mean_probabilities(lprobs)
+
+    def step(self, tokens: Tensor, position: Tensor) -> Tensor:
+        """Static caches: tokens (N, 1) at the device ``position`` (1,) -> (N, V)
+        log-probabilities; the position is copied on the device and no count kept on the host,
+        so that a CUDA graph of the whole search step replays it."""
+        lprobs = []
+        with attention_kernel(tokens):
+            for model, cache in zip(self.models, self.caches, strict=True):
+                cache.position.copy_(position)
+                lprobs.append(cached_step(model, tokens, cache))
+        return mean_probabilities(lprobs)
+
+    def reorder_in_place(self, index: Tensor) -> None:
+        """Static caches: keep rows ``index`` (N,), as many as there are, within their sentences
+        (``DecoderCache.reorder_in_place``)."""
+        for cache in self.caches:
+            cache.reorder_in_place(index)
 
 
 def cached_step(model: Transformer, tokens: Tensor, cache: DecoderCache) -> Tensor:

@@ -26,7 +26,7 @@ from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
-from transformer.decoding.step import backend, use_graphs
+from transformer.decoding.step import backend, use_graphs, use_static_search
 from transformer.errors import ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
 from transformer.evaluation.files import (
@@ -55,8 +55,10 @@ log = logging.getLogger(__name__)
 
 
 def decoding_backend(options: DecodeOptions, device: torch.device, dtype: torch.dtype) -> str:
-    """How our decoder runs on ``device`` (attention kernel, static shapes, CUDA graphs)."""
-    return backend(torch.empty(0, device=device), dtype, use_graphs(options, device))
+    """How our decoder runs on ``device`` (attention kernel, static shapes, CUDA graphs, the
+    whole search step)."""
+    whole_step = use_static_search(options, device, use_cache=True)
+    return backend(torch.empty(0, device=device), dtype, use_graphs(options, device), whole_step)
 
 
 def _name(dtype: torch.dtype) -> str:

@@ -46,7 +46,12 @@ MAPPED = {  # to translate_batch's arguments (search_kwargs), or to its per-call
     "strategy", "beam_size", "len_penalty", "max_len_a", "max_len_b", "min_len", "nbest",
     "no_repeat_ngram_size",
 }  # fmt: skip
-HOST = {"print_scores", "graphs", "sync_every"}  # how results are written, how ours runs
+HOST = {
+    "print_scores",
+    "graphs",
+    "sync_every",
+    "static_search",
+}  # how results are written, how ours runs
 OURS_ONLY = {  # only our decoder has them: a value but the default is refused
     "temperature", "top_k", "top_p", "seed", "score_prefix", "alignment", "alignment_layer",
     "alignment_head",
