@@ -74,8 +74,24 @@ CONVERTED_OPTIONS = frozenset(
 )
 
 
+# The spec's arguments for each position kind (the tables and biases are written as weights)
+CT2_POSITIONS: dict[str, dict[str, Any]] = {
+    "sinusoidal": {},
+    "learned": {},
+    "rope": dict(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE),  # in halves
+    "relative": dict(relative_attention_bias=True),
+}
+
+
 def check_convertible(model: Transformer) -> None:
     """Refuse, naming it, what the CTranslate2 model would not compute exactly."""
+    for option, mapped in (("positions", CT2_POSITIONS), ("activation", CT2_ACTIVATIONS)):
+        value = getattr(model.cfg, option)
+        if value not in mapped:
+            raise ConfigError(
+                f"model.{option}={value} has no CTranslate2 mapping in this exporter; export a "
+                f"model with model.{option}= one of {', '.join(mapped)}"
+            )
     for option in fields(model.cfg):
         value = getattr(model.cfg, option.name)
         if option.name not in CONVERTED_OPTIONS and value != option.default:
@@ -129,10 +145,7 @@ def transformer_spec(model: Transformer, src_vocab: list[str], tgt_vocab: list[s
     cfg = model.cfg
     act = getattr(common_spec.Activation, CT2_ACTIVATIONS[cfg.activation])
     shape = dict(pre_norm=cfg.norm_first, activation=act, num_heads_kv=cfg.num_kv_heads)
-    if cfg.positions == "rope":  # every dimension, in halves
-        shape.update(rotary_dim=0, rotary_interleave=False, rotary_base=ROTARY_BASE)
-    elif cfg.positions == "relative":
-        shape.update(relative_attention_bias=True)
+    shape.update(CT2_POSITIONS[cfg.positions])
     encoder = ts.TransformerEncoderSpec(cfg.num_encoder_layers, cfg.num_heads, **shape)
     decoder = ts.TransformerDecoderSpec(cfg.num_decoder_layers, cfg.num_heads, **shape)
 

@@ -1,5 +1,6 @@
 """Every decode option is declared for the CTranslate2 engine: mapped to its arguments, about how
-results are written or ours runs, or ours alone and then refused by name, never silently dropped."""
+results are written or ours runs, or ours alone and then refused by name, never silently dropped;
+every position kind and activation has the exporter's mapping, or is refused by name."""
 
 from __future__ import annotations
 
@@ -51,3 +52,26 @@ def test_a_mapped_option_changes_what_ctranslate2_is_asked(name) -> None:
 @pytest.mark.parametrize("name", sorted(HOST))
 def test_options_of_how_ours_runs_are_accepted(name) -> None:
     check_options(replace(DecodeOptions(), **{name: OTHER[name]}))
+
+
+def test_every_position_kind_and_activation_has_a_mapping_or_is_refused_by_name() -> None:
+    """Each of the model's position kinds and activations has its CTranslate2 mapping; a new one
+    without an export branch (a fifth position kind, say) is refused naming it, not exported as
+    something else."""
+    from typing import get_args, get_type_hints
+
+    from tests.tiny import tiny_model
+    from transformer.config import POSITIONS, TransformerConfig
+    from transformer.export.ct2 import CT2_ACTIVATIONS, CT2_POSITIONS, check_convertible
+
+    assert set(POSITIONS) == set(CT2_POSITIONS)
+    assert set(get_args(get_type_hints(TransformerConfig)["activation"])) <= set(CT2_ACTIVATIONS)
+    model = tiny_model()
+    check_convertible(model)
+    for option, value in (("positions", "alibi"), ("activation", "gelu_new")):
+        cfg = replace(model.cfg)
+        object.__setattr__(cfg, option, value)  # as a config of a newer version would hold it
+        model.cfg = cfg
+        with pytest.raises(ConfigError, match=rf"^model\.{option}={value} has no CTranslate2"):
+            check_convertible(model)
+        model = tiny_model()
