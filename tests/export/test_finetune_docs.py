@@ -2,12 +2,13 @@
 from the page, on a tiny random MarianMT directory (``tests/export/tiny_marian.py``) and a tiny
 local corpus: the import, both evaluations, the fine-tuning with the options the import prints
 (parsed from its log: a printed line that stopped working fails here), the tuned checkpoint's
-evaluation and its exports to CTranslate2 and to Hugging Face, which then translate as the
-tuned checkpoint does. The page's printed line is what the import prints for OPUS-MT en-de's
-config.json."""
+evaluation, the head analysis and pruning, and the exports to CTranslate2 and to Hugging Face,
+which then translate as the tuned checkpoint does. The page's printed line is what the import
+prints for OPUS-MT en-de's config.json."""
 
 from __future__ import annotations
 
+import json
 import re
 import shlex
 import subprocess
@@ -51,6 +52,8 @@ TRAIN_SIZES = [
     "trainer.enable_progress_bar=false", "validation.bleu_sentences=8", ATTENTION_MAPS_OFF,
 ]  # fmt: skip
 EVALUATE_SIZES = ["decode.max_len_a=0", "decode.max_len_b=12"]
+HEADS_SIZES = ["analysis_options.sentences=4", "analysis_options.importance=gradient"]
+PRUNE_SIZES = ["--sentences", "4"]
 
 
 def page_commands() -> list[list[str]]:
@@ -99,7 +102,7 @@ def greedy(translator: Translator, lines: list[str], b: int) -> list[str]:
     return [t[0].text for t in translator.translate(lines, options)]
 
 
-@pytest.mark.slow  # a training run and six CLI subprocesses
+@pytest.mark.slow  # a training run and eight CLI subprocesses
 def test_the_pages_commands_run_on_a_tiny_model(tmp_path) -> None:
     commands = page_commands()
     assert {c[0] for c in commands} == {"python", *SETUP}
@@ -119,7 +122,9 @@ def test_the_pages_commands_run_on_a_tiny_model(tmp_path) -> None:
         if script in ("evaluate.py", "train.py"):
             words[0] = str(REPO / script)
         if script == "evaluate.py":
-            words += EVALUATE_SIZES
+            words += EVALUATE_SIZES + (HEADS_SIZES if "analysis=heads" in words else [])
+        if words[:2] == ["-m", "transformer.prune"]:
+            words += PRUNE_SIZES
         if script == "train.py":  # the page's printed options replaced by those printed here
             assert printed is not None, "the import runs before the fine-tuning"
             start = words.index(f"init_from={printed[0]}") + 1
@@ -131,8 +136,12 @@ def test_the_pages_commands_run_on_a_tiny_model(tmp_path) -> None:
             assert match, done.stderr
             printed = (match.group(1), match.group(2).split())
             assert printed[0] == dst
-        if script == "evaluate.py" and any(w.startswith("split=") for w in words):
+        if script == "evaluate.py" and "split=test" in words and "analysis=heads" not in words:
             assert "BLEU = " in done.stdout
+    (heads,) = [w[14:] for c in commands if "analysis=heads" in c for w in c if "run.dir=" in w]
+    assert len(json.loads((tmp_path / heads / "heads.json").read_text())["heads"]) == 24
+    (pruned,) = [c[4] for c in commands if c[1:3] == ["-m", "transformer.prune"]]
+    assert len(load_checkpoint(tmp_path / pruned)["pruned_heads"][-1]) == 6  # a quarter of 24
     for name in inputs:  # translated, one line each
         (output,) = [w[7:] for c in commands if f"input={name}" in c for w in c if "output=" in w]
         assert len((tmp_path / output).read_text().splitlines()) == 5
