@@ -1,8 +1,9 @@
 """Importing a MarianMT directory (``python -m transformer.export.hf_import``): against
 transformers' MarianMTModel and MarianTokenizer on a tiny random OPUS-MT-like model, the same ids,
 logits within 1e-4, and greedy and beam translations identical to ``generate``; the checkpoint
-evaluates through evaluate.py, exports to CTranslate2 and fine-tunes; options that do not map are
-refused by name."""
+evaluates through evaluate.py (with target prefixes and terminology constraints too), analyses
+and prunes its heads, exports to CTranslate2 and fine-tunes; options that do not map are refused
+by name. (docs/finetune.md's commands: ``tests/export/test_finetune_docs.py``.)"""
 
 from __future__ import annotations
 
@@ -14,7 +15,14 @@ import pytest
 import torch
 
 from tests.export.tiny_marian import DROPPED, write_marian_dir
-from tests.tiny import TINY_VOCAB, compose_cfg, compose_eval_cfg, data_pairs, tiny_overrides
+from tests.tiny import (
+    TINY_VOCAB,
+    compose_cfg,
+    compose_eval_cfg,
+    data_pairs,
+    tiny_overrides,
+    write_lines,
+)
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint, tokenizer_models
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.config import TransformerConfig
@@ -213,6 +221,54 @@ def test_the_checkpoint_fine_tunes_with_init_from(imported, corpus, tmp_path) ->
     tuned = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     models = (tokenizer_models(c) for c in (tuned, load_checkpoint(imported)))
     assert next(models) == next(models)  # (their names: the run's cache's)
+
+
+@pytest.mark.slow
+def test_the_checkpoint_analyses_and_prunes_its_heads(imported, corpus, tmp_path) -> None:
+    """``evaluate.py analysis=heads`` on a local corpus's test split ranks the 24 heads;
+    ``python -m transformer.prune --heads`` removes the quarter it ranks least important (by
+    gradient), and the pruned checkpoint still scores the split."""
+    from transformer.prune import main as prune
+
+    data = ["data.source=local", f"data.root={corpus}", "split=test"]
+    short = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=12"]
+    heads = ["analysis=heads", "analysis_options.importance=gradient"]
+    heads += ["analysis_options.sentences=4", "analysis_options.prune_step=0.5"]
+    cfg = compose_eval_cfg([f"ckpt_path={imported}", *data, *short, *heads], tmp_path / "heads")
+    result = evaluate(cfg)
+    assert len(result["heads"]) == 3 * 2 * 4  # types x layers x heads
+    ranked = sorted(result["heads"], key=lambda h: h["gradient"])
+    least = [(h["kind"], h["layer"], h["head"]) for h in ranked[:6]]
+    pruned = tmp_path / "pruned.ckpt"
+    prune([str(imported), str(pruned), "--heads", ",".join(f"{k}:{i}:{h}" for k, i, h in least)])
+    ckpt = load_checkpoint(pruned)
+    assert sorted(map(tuple, ckpt["pruned_heads"][-1])) == sorted(least)
+    assert sum(map(sum, ckpt["hyper_parameters"]["model"]["heads_per_layer"].values())) == 18
+    scored = evaluate(compose_eval_cfg([f"ckpt_path={pruned}", *data, *short], tmp_path / "eval"))
+    assert math.isfinite(scored["bleu"])
+    assert len((tmp_path / "eval" / "hypotheses.txt").read_text().splitlines()) == 32
+
+
+@pytest.mark.slow  # two evaluate.py runs
+def test_the_checkpoint_decodes_with_prefixes_and_constraints(imported, tmp_path) -> None:
+    """``evaluate.py input=FILE prefixes=FILE``: each translation starts with its line's prefix
+    (an empty line: none); ``constraints=FILE`` (beam search): each holds its line's phrases."""
+    text = write_lines(tmp_path / "input.en", LINES[:3])
+    prefixes = write_lines(tmp_path / "prefixes.de", ["der mann", "", "ein"])
+    terms = ['["hund"]', "[]", '["der ball", "kind"]']
+    constraints = write_lines(tmp_path / "terms.jsonl", terms)
+    short = ["decode.beam_size=4", "decode.max_len_a=0", "decode.max_len_b=16"]
+    for guide, path in (("prefixes", prefixes), ("constraints", constraints)):
+        out = tmp_path / f"translated-{guide}.de"
+        options = [f"ckpt_path={imported}", f"input={text}", f"{guide}={path}", f"output={out}"]
+        assert evaluate(compose_eval_cfg([*options, *short], tmp_path / guide))["lines"] == 3
+        translations = out.read_text().splitlines()
+        assert len(translations) == 3
+        if guide == "prefixes":
+            assert translations[0].startswith("der mann") and translations[2].startswith("ein")
+        else:
+            for line, phrases in zip(translations, map(json.loads, terms), strict=True):
+                assert all(phrase in line for phrase in phrases), (line, phrases)
 
 
 def train_run(cfg) -> dict:
