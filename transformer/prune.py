@@ -28,6 +28,7 @@ from transformer.checkpoints import (
     tokenizers_from_checkpoint,
 )
 from transformer.config import ATTENTION_TYPES
+from transformer.data.corpora import SOURCES
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError, UserError
@@ -126,16 +127,22 @@ def checkpoint_scores(
     split: str = "val",
     sentences: int | None = 200,
     data_root: str | None = None,
+    data_source: str | None = None,
 ) -> dict[HeadKey, float]:
     """Each head's importance on the first ``sentences`` pairs of a split of the checkpoint's
     corpus (:mod:`transformer.analysis.heads`): ``by`` = "mask", the loss increase when the head
-    alone is masked, or "gradient", Michel et al.'s proxy."""
+    alone is masked, or "gradient", Michel et al.'s proxy. ``data_root`` and ``data_source``
+    replace the checkpoint's (an imported model records no corpus)."""
     if by not in BY:
         raise ConfigError(f"--by={by}: choose one of {', '.join(BY)}")
+    given = {k: v for k, v in (("root", data_root), ("source", data_source)) if v is not None}
     texts = checkpoint_texts(
         ckpt,
-        {} if data_root is None else {"root": data_root},
-        CheckpointError(f"{path} records no data settings to score heads on; use --heads"),
+        given,
+        CheckpointError(
+            f"{path} records no corpus to score heads on; name one (--data-source local "
+            "--data-root DIR), or use --heads"
+        ),
         f"{path}: its data settings are unusable here",
     )
     sources, references = texts.sources(split), texts.references(split)
@@ -183,6 +190,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--split", default="val", help="split scored for --share (default val)")
     parser.add_argument("--sentences", type=int, default=200, help="its first N pairs (200)")
     parser.add_argument("--data-root", help="the corpus folder, where it moved since training")
+    parser.add_argument("--data-source", choices=list(SOURCES), help="the corpus's kind, for a "
+                        "checkpoint that records none (an imported model)")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -193,8 +202,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             heads = parse_heads(args.heads)
         else:
             scores = checkpoint_scores(
-                ckpt, args.checkpoint, args.by, args.split, args.sentences, args.data_root
-            )
+                ckpt, args.checkpoint, args.by, args.split, args.sentences, args.data_root,
+                args.data_source,
+            )  # fmt: skip
             heads = least_important(model_from_checkpoint(ckpt), scores, args.share)
         pruned = prune_checkpoint(ckpt, heads, args.checkpoint)
     except UserError as err:

@@ -249,6 +249,27 @@ def test_the_checkpoint_analyses_and_prunes_its_heads(imported, corpus, tmp_path
     assert len((tmp_path / "eval" / "hypotheses.txt").read_text().splitlines()) == 32
 
 
+@pytest.mark.slow
+def test_the_checkpoint_is_pruned_by_share_on_a_corpus_named_for_it(
+    imported, corpus, tmp_path, capsys
+) -> None:
+    """An imported checkpoint records no corpus: ``--share`` without one is refused naming the
+    options (not read as Multi30k's), and ``--data-source local --data-root DIR`` ranks its heads
+    on that corpus's split."""
+    from transformer.prune import main as prune
+
+    with pytest.raises(SystemExit):
+        prune([str(imported), str(tmp_path / "no.ckpt"), "--share", "0.25"])
+    assert "records no corpus to score heads on; name one (--data-source local" in (
+        capsys.readouterr().err
+    )
+    out = tmp_path / "pruned.ckpt"
+    prune([str(imported), str(out), "--share", "0.25", "--sentences", "4", "--split", "test",
+           "--data-source", "local", "--data-root", str(corpus)])  # fmt: skip
+    ckpt = load_checkpoint(out)
+    assert sum(map(sum, ckpt["hyper_parameters"]["model"]["heads_per_layer"].values())) == 18
+
+
 @pytest.mark.slow  # two evaluate.py runs
 def test_the_checkpoint_decodes_with_prefixes_and_constraints(imported, tmp_path) -> None:
     """``evaluate.py input=FILE prefixes=FILE``: each translation starts with its line's prefix

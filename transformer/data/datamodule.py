@@ -335,10 +335,11 @@ def checkpoint_texts(
 ) -> CorpusTexts:
     """The texts of a checkpoint's corpus (evaluation, pruning): its data settings, ``given`` ones
     (e.g. ``root``) in their place, checked as training checks them; nothing read yet. ``missing``
-    is raised where it records none and ``given`` names no ``source``; an invalid option is a
-    :class:`ConfigError`: ``invalid``, then the data module's message."""
+    is raised where it records no corpus (none, or an imported model's languages alone) and
+    ``given`` names no ``source``; an invalid option is a :class:`ConfigError`: ``invalid``, then
+    the data module's message."""
     settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
-    if not settings and "source" not in given:
+    if "source" not in settings and "source" not in given:  # none, or an imported model's
         raise missing
     try:
         return TranslationDataModule(**{**settings, **given}).texts
