@@ -10,12 +10,8 @@ from typing import Any
 
 import torch
 
-from transformer.checkpoints import (
-    load_ensemble,
-    load_or_average,
-    model_from_checkpoint,
-    tokenizers_from_checkpoint,
-)
+from transformer.averaging import load_or_average
+from transformer.checkpoints import load_ensemble, model_from_checkpoint, tokenizers_from_checkpoint
 from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer, word_index
 from transformer.decoding import (

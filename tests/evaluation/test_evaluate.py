@@ -25,14 +25,14 @@ from tests.tiny import (
     tiny_overrides,
     trained_elsewhere,
 )
+from transformer.averaging import average_checkpoints
+from transformer.averaging import main as average_main
 from transformer.checkpoints import (
-    average_checkpoints,
     load_checkpoint,
     load_ensemble,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
-from transformer.checkpoints import main as average_main
 from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.evaluation import evaluate

@@ -19,7 +19,8 @@ import torch.nn.functional as F
 
 from tests.tiny import compose_eval_cfg
 from transformer import Transformer, TransformerConfig
-from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
+from transformer.averaging import average_checkpoints
+from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer.decoding import DecodeOptions

@@ -35,11 +35,8 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-from transformer.checkpoints import (
-    load_or_average,
-    model_from_checkpoint,
-    tokenizers_from_checkpoint,
-)
+from transformer.averaging import load_or_average
+from transformer.checkpoints import model_from_checkpoint, tokenizers_from_checkpoint
 from transformer.data.corpora import make_corpora, prefix_tokens
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import DecodeOptions
