@@ -36,8 +36,8 @@ from transformer.checkpoints import (
 from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.evaluation import evaluate
+from transformer.line_batches import length_batches
 from transformer.training import train
-from transformer.translate import length_batches
 
 
 @pytest.fixture(scope="module")
