@@ -26,7 +26,7 @@ from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
-from transformer.decoding.step import backend, use_graphs, use_static_search
+from transformer.decoding.runtime import backend, use_graphs, use_static_search
 from transformer.device import decoding_device, decoding_dtype
 from transformer.errors import ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
