@@ -26,14 +26,10 @@ from transformer.model import Transformer
 from transformer.precision import AutocastWeights
 from transformer.training.freeze import freeze as freeze_parts
 from transformer.training.loggers import host_scalar, log_summary, logs_after
-from transformer.training.loss import (
-    LOSS_KERNELS,
-    check_label_smoothing,
-    label_smoothed_loss,
-    rdrop_loss,
-)
+from transformer.training.loss import LOSS_KERNELS, check_label_smoothing, label_smoothed_loss
 from transformer.training.nonfinite import NonFiniteSteps
 from transformer.training.optim import clip_gradients, configure_optimizers, gradient_norm
+from transformer.training.rdrop import rdrop_loss
 from transformer.training.step import CompiledLayers, compiled_hidden_states, hidden_states
 from transformer.training.validation_bleu import (
     bleu_metrics,
@@ -58,7 +54,7 @@ class TranslationModule(L.LightningModule):
         label_smoothing: epsilon of the label-smoothed cross entropy.
         rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
             batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
-            passes' symmetric KL divergence (:func:`transformer.training.loss.rdrop_loss`);
+            passes' symmetric KL divergence (:func:`transformer.training.rdrop.rdrop_loss`);
             validation runs once.
         loss_kernel: the training steps' loss (:data:`transformer.training.loss.LOSS_KERNELS`):
             ``auto`` (the fastest measured; today ``chunked`` everywhere), ``chunked``,
