@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 
 import torch
 
-from transformer.checkpoints import load_or_average, model_from_checkpoint
+from transformer.averaging import load_or_average
+from transformer.checkpoints import model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.decoding import DecodeOptions
 from transformer.errors import one_line_errors

@@ -58,8 +58,9 @@ from transformer.data.collate import encode_sources, pad
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode
-from transformer.decoding.step import backend, use_graphs, use_static_search
-from transformer.translate import DTYPES, length_batches
+from transformer.decoding.runtime import backend, use_graphs, use_static_search
+from transformer.device import DTYPES
+from transformer.line_batches import length_batches
 
 Batch = tuple[torch.Tensor, torch.Tensor]  # source ids (B, S), output lengths (B,)
 System = Callable[[torch.Tensor, torch.Tensor], object]  # (src, lengths) -> anything

@@ -30,9 +30,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 import sacrebleu
 import torch
 
+from transformer.averaging import load_or_average
 from transformer.checkpoints import (
     checkpoint_paths,
-    load_or_average,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )

@@ -28,8 +28,9 @@ from hydra import compose, initialize_config_dir
 from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrides, write_lines
 from transformer import atomic
 from transformer.atomic import HOST
-from transformer.checkpoints import average_checkpoints, load_checkpoint
-from transformer.checkpoints import main as average_main
+from transformer.averaging import average_checkpoints
+from transformer.averaging import main as average_main
+from transformer.checkpoints import load_checkpoint
 from transformer.configs import CONFIG_DIR
 from transformer.data.tokenizer import Tokenizer
 from transformer.errors import CheckpointError, ConfigError, DataError, NonFiniteLoss, UserError

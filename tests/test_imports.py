@@ -16,6 +16,7 @@ LIGHT = (
     "transformer.export.__main__",  # python -m transformer.export
     "transformer.export.hf_import",  # python -m transformer.export.hf_import
     "transformer.checkpoints",
+    "transformer.averaging",  # transformer-average
     "transformer.surgery",
 )
 

@@ -4,6 +4,7 @@ A :class:`KVCache` belongs to one attention module. Self-attention writes each s
 values into it; cross-attention fills it once from the encoder output and then only reads it. A
 :class:`DecoderCache` holds a decoder's caches and the masks decoding builds once, and one
 ``reorder(index, sentences)`` contract serves beam search: keep batch (times beam) rows ``index``.
+With a capacity, the caches of a decoder's layers share buffers (:mod:`transformer.kv_slabs`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
+from transformer.kv_slabs import Slab, make_slabs
 from transformer.masks import padding_bias, positions_bias
 
 
@@ -117,60 +119,6 @@ class KVCache:
         self._buf, self._spare = self._spare, self._buf
 
 
-class _Slab:
-    """One buffer behind the KVCaches of every layer of one shape, (capacity, layers, 2, B, Hkv,
-    Dh): a reorder of all of them is one ``index_select``, into a second buffer that then takes
-    the first one's place. When sentences leave, the rows that stay fill the front of the second
-    buffer (``buf`` is then a view of its first rows), so that no step allocates: only beam
-    search's expansion makes the buffers larger."""
-
-    def __init__(self, caches: list[KVCache], buffer: Tensor, zeros: bool) -> None:
-        self.caches, self.buf, self.zeros = caches, buffer, zeros  # zeros: a masked key never NaN
-        self.stores: list[Tensor | None] = [buffer, None]  # buf's storage, the other
-        self._point()
-
-    def _point(self) -> None:
-        for layer, cache in enumerate(self.caches):
-            cache._buf = self.buf[:, layer]  # (capacity, 2, B, Hkv, Dh)
-            cache._spare = None
-
-    def reorder(self, index: Tensor, steps: int, pinned: bool) -> None:
-        """Keep batch rows ``index`` of the first ``steps`` steps; ``pinned``: in place where the
-        rows stay as many (the buffer keeps its address, as a CUDA graph needs), else through
-        the other buffer."""
-        rows = index.size(0)
-        if pinned and rows == self.buf.size(3):
-            self.buf[:steps] = self.buf[:steps].index_select(3, index)
-            return
-        if self.buf.requires_grad:  # out= records no gradients: select into a new buffer
-            self.buf, self.stores = self.buf[:steps].index_select(3, index), [None, None]
-            self._point()
-            return
-        other = self.stores[1]
-        if other is None or other.size(3) < rows:
-            shape = list(self.buf.shape)
-            shape[3] = rows
-            other = self.buf.new_zeros(shape) if self.zeros else self.buf.new_empty(shape)
-        target = other[:, :, :, :rows]  # (capacity, layers, 2, rows, Hkv, Dh)
-        torch.index_select(self.buf[:steps], 3, index, out=target[:steps])
-        self.buf, self.stores = target, [other, self.stores[0]]
-        self._point()
-
-
-def _slabs(
-    caches: list[KVCache], shapes: list[tuple[int, int]], rows: int, steps: int, like: Tensor,
-    zeros: bool = False,
-) -> list[_Slab]:  # fmt: skip
-    """Buffers of ``steps`` steps for ``caches`` whose (Hkv, Dh) are ``shapes``, one per shape;
-    ``zeros``: filled with zeros (a masked key must hold no NaN: 0 x NaN is NaN)."""
-    slabs = []
-    for shape in dict.fromkeys(shapes):
-        group = [c for c, s in zip(caches, shapes, strict=True) if s == shape]
-        new = like.new_zeros if zeros else like.new_empty
-        slabs.append(_Slab(group, new(steps, len(group), 2, rows, *shape), zeros))
-    return slabs
-
-
 @dataclass
 class DecoderCache:
     """Everything the decoder needs between steps, made by ``Transformer.init_cache``.
@@ -197,8 +145,8 @@ class DecoderCache:
     beams: int = 1  # decoder rows per source row
     position: Tensor | None = None  # (1,) static: the position of the step being decoded
     pinned: bool = False  # reorders keep the buffers' addresses (a CUDA graph reads them)
-    _self_slabs: list[_Slab] = field(default_factory=list)
-    _cross_slabs: list[_Slab] = field(default_factory=list)
+    _self_slabs: list[Slab] = field(default_factory=list)
+    _cross_slabs: list[Slab] = field(default_factory=list)
     _steps_bias: Tensor | None = None  # (capacity, capacity) static: row t masks keys after t
 
     @classmethod
@@ -217,7 +165,9 @@ class DecoderCache:
         like = cross_kv[0][0]
         rows, S = like.size(0), like.size(2)
         cross = [KVCache() for _ in cross_kv]
-        cross_slabs = _slabs(cross, [(k.size(1), k.size(3)) for k, _ in cross_kv], rows, S, like)
+        cross_slabs = make_slabs(
+            cross, [(k.size(1), k.size(3)) for k, _ in cross_kv], rows, S, like
+        )
         for cache, (k, v) in zip(cross, cross_kv, strict=True):
             cache.append(k, v)
         if memory_pad_mask is not None:
@@ -227,7 +177,7 @@ class DecoderCache:
         caches = [KVCache(capacity=capacity) for _ in self_shapes]
         cache = cls(caches, cross, _cross_slabs=cross_slabs)
         if capacity is not None:
-            cache._self_slabs = _slabs(caches, self_shapes, rows, capacity, like, static)
+            cache._self_slabs = make_slabs(caches, self_shapes, rows, capacity, like, static)
         if static:
             cache.position = torch.zeros(1, dtype=torch.long, device=like.device)
             cache._steps_bias = positions_bias(capacity, like.dtype, like.device)

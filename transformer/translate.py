@@ -1,5 +1,6 @@
-"""Text in, text out: tokenize, batch by length, decode, detokenize, restore the input order; and
-the teacher-forced scores and word alignments of given translations."""
+"""Text in, text out: tokenize, batch by length (:mod:`transformer.line_batches`), decode,
+detokenize, restore the input order; and the teacher-forced scores and word alignments of given
+translations."""
 
 from __future__ import annotations
 
@@ -10,12 +11,8 @@ from typing import Any
 
 import torch
 
-from transformer.checkpoints import (
-    load_ensemble,
-    load_or_average,
-    model_from_checkpoint,
-    tokenizers_from_checkpoint,
-)
+from transformer.averaging import load_or_average
+from transformer.checkpoints import load_ensemble, model_from_checkpoint, tokenizers_from_checkpoint
 from transformer.data.collate import encode_sources, encode_targets, pad
 from transformer.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer, word_index
 from transformer.decoding import (
@@ -29,51 +26,9 @@ from transformer.decoding import (
 )
 from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
 from transformer.decoding.scoring import token_log_probs
-from transformer.errors import ConfigError, DataError, GuideError
-from transformer.precision import cuda_has_bf16
-
-
-def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, list[int]]:
-    """Each non-blank line's ``x + eos`` ids, at most ``limit`` long, by its index in ``lines``
-    (blank lines translate to ""); a cut line is named by its line number in the warning."""
-    todo = [i for i, line in enumerate(lines) if line.strip()]
-    encoded = encode_sources(tok, [lines[i] for i in todo], limit, [i + 1 for i in todo])
-    return dict(zip(todo, encoded, strict=True))
-
-
-def target_prefixes(
-    tok: Tokenizer, lines: Sequence[str], prefixes: Sequence[str] | None, limit: int, first: int
-) -> list[list[int]] | None:
-    """Each line's prefix as target ids, without eos (None: no line has one); a prefix needs as
-    many lines as ``lines``, and at most ``limit - 1`` pieces (line ``first`` + 1 the first's
-    number in errors)."""
-    if prefixes is None:
-        return None
-    if len(prefixes) != len(lines):
-        raise DataError(f"{len(prefixes)} prefixes for {len(lines)} lines: give one a line")
-    if not any(p.strip() for p in prefixes):
-        return None
-    encoded = [tok.encode(p) if p.strip() else [] for p in prefixes]
-    for number, ids in enumerate(encoded, start=first + 1):
-        if len(ids) >= limit:
-            raise GuideError(
-                f"line {number}: the prefix has {len(ids)} pieces; the model's translations "
-                f"take at most {limit - 1}: shorten it",
-                "prefixes",
-            )
-    return encoded
-
-
-def length_batches(lengths: dict[int, int], max_tokens: int) -> list[list[int]]:
-    """Keys of ``lengths`` (sentence -> source length) in batches, longest sentences first,
-    each at most ``max_tokens`` with padding (longest length x size), at least one sentence."""
-    order = sorted(lengths, key=lengths.__getitem__, reverse=True)
-    batches, start = [], 0
-    while start < len(order):
-        count = max(1, max_tokens // lengths[order[start]])
-        batches.append(order[start : start + count])
-        start += count
-    return batches
+from transformer.device import decoding_device, decoding_dtype
+from transformer.errors import ConfigError, GuideError
+from transformer.line_batches import encode_lines, length_batches, target_prefixes
 
 
 @dataclass
@@ -142,37 +97,6 @@ def decode_batch(
         [Translation(tgt_tokenizer.decode(h.tokens), h.score) for h in sentence]
         for sentence in hyps
     ]
-
-
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def decoding_device(name: str) -> torch.device:
-    """The device to decode on (``device=``): auto (a GPU where there is one), cpu or cuda."""
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda, but no GPU is available; use device=cpu or device=auto")
-    return torch.device(name)
-
-
-def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
-    """The weights' type while decoding (``dtype=``; auto: bf16 on a GPU that computes it
-    natively, fp16 on one that does not (:func:`transformer.precision.cuda_has_bf16`), float32
-    on the CPU); log-probabilities and beam scores are float32 whatever it is
-    (:class:`transformer.decoding.step.Stepper`)."""
-    if name == "auto":
-        if device.type != "cuda":
-            return torch.float32
-        return torch.bfloat16 if cuda_has_bf16() else torch.float16
-    if name not in DTYPES:
-        raise ConfigError(f"dtype={name} is not one of auto | {' | '.join(DTYPES)}")
-    if name == "float16" and device.type == "cpu":
-        raise ConfigError("dtype=float16 is for GPUs (CPU float16 matmuls are slow); on CPU use "
-                          "dtype=bfloat16")  # fmt: skip
-    if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
-        raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
-    return DTYPES[name]
 
 
 def load_translator(

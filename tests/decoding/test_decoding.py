@@ -20,8 +20,8 @@ from transformer.decoding import (
     max_output_lengths,
     sample,
 )
+from transformer.decoding.runtime import batch_size
 from transformer.decoding.sampling import mix64, streams, uniforms
-from transformer.decoding.step import batch_size
 
 PAD, BOS, EOS, A, B, C = 0, 2, 3, 4, 5, 6
 V = 7

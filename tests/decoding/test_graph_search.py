@@ -17,7 +17,7 @@ from tests.decoding.test_decoding import BOS, EOS, PAD, Kernels, random_model, s
 from tests.test_learning import reversal_batch, reversing_model
 from transformer import kernels
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample, static
-from transformer.decoding.step import use_static_search
+from transformer.decoding.runtime import use_static_search
 
 SEARCHES = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}
 PREFIXES = torch.tensor([[7, 8, PAD], [PAD, PAD, PAD], [9, PAD, PAD], [10, 11, 12]])

@@ -25,19 +25,19 @@ from tests.tiny import (
     tiny_overrides,
     trained_elsewhere,
 )
+from transformer.averaging import average_checkpoints
+from transformer.averaging import main as average_main
 from transformer.checkpoints import (
-    average_checkpoints,
     load_checkpoint,
     load_ensemble,
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
-from transformer.checkpoints import main as average_main
 from transformer.data.tokenizer import BOS_ID, EOS_ID
 from transformer.errors import CheckpointError, ConfigError, DataError
 from transformer.evaluation import evaluate
+from transformer.line_batches import length_batches
 from transformer.training import train
-from transformer.translate import length_batches
 
 
 @pytest.fixture(scope="module")

@@ -19,14 +19,15 @@ import torch.nn.functional as F
 
 from tests.tiny import compose_eval_cfg
 from transformer import Transformer, TransformerConfig
-from transformer.checkpoints import average_checkpoints, load_checkpoint, model_from_checkpoint
+from transformer.averaging import average_checkpoints
+from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.errors import CheckpointError, ConfigError, UserError
 from transformer.evaluation import evaluate
 from transformer.export import ct2 as export
-from transformer.export import ct2_translate
+from transformer.export import ct2_readme, ct2_translate
 from transformer.export.__main__ import main as export_main
 from transformer.export.ct2_translate import CT2Translator
 from transformer.surgery import prune_model
@@ -501,11 +502,11 @@ def test_a_multilingual_models_readme_names_its_target_tokens() -> None:
         "source": "multi30k", "root": "data/multi30k", "src_lang": "en", "tgt_lang": "de",
         "target_token": True, "corpora": [{}, {"tgt_lang": "fr"}],
     }  # fmt: skip
-    assert export.target_tokens(data) == ["<2de>", "<2fr>"]
-    readme = export.usage(256, DecodeOptions(), ["<2de>", "<2fr>"])
+    assert ct2_readme.target_tokens(data) == ["<2de>", "<2fr>"]
+    readme = ct2_readme.usage(256, DecodeOptions(), ["<2de>", "<2fr>"])
     assert "put one of <2de>, <2fr> before each source" in readme
-    assert export.target_tokens({"tgt_lang": "de"}) == []
-    assert "several languages" not in export.usage(256, DecodeOptions())
+    assert ct2_readme.target_tokens({"tgt_lang": "de"}) == []
+    assert "several languages" not in ct2_readme.usage(256, DecodeOptions())
 
 
 # -- target prefixes: ours equal CTranslate2's target_prefix ------------------------------

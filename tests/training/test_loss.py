@@ -18,7 +18,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from tests.tiny import compose_cfg, logged, padded_batch, tiny_model_config, tiny_overrides
 from transformer.training import TranslationModule, train
 from transformer.training import loss as loss_module
-from transformer.training.loss import label_smoothed_loss, rdrop_loss
+from transformer.training.loss import label_smoothed_loss
+from transformer.training.rdrop import rdrop_loss
 
 PAD = 0
 

@@ -148,7 +148,7 @@ def test_auto_precision_on_a_gpu_takes_bf16_only_where_it_is_native(
     fp16 (with a GradScaler in training) below."""
     from types import SimpleNamespace
 
-    from transformer.translate import decoding_dtype
+    from transformer.device import decoding_dtype
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)

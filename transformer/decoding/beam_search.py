@@ -9,7 +9,7 @@ then leave the batch (its cache rows too), so the remaining sentences decode alo
 runs one row per sentence (its K beams would be K copies), the later ones K. The only host
 synchronisation reads how many sentences are done: every step on the CPU, every ``sync_every``
 steps elsewhere, where done sentences wait frozen (their live beams at -inf) and then leave into
-one of a few batch sizes (``transformer.decoding.step.batch_size``), filled with padding
+one of a few batch sizes (``transformer.decoding.runtime.batch_size``), filled with padding
 sentences whose hypotheses are dropped. Nothing is copied from the host in the loop: the ids it
 bans are index tensors made before it. With ``decode.static_search`` (off by default), the same
 rules run as one whole step at static shapes instead, K beams from
@@ -26,15 +26,13 @@ from transformer.decoding import static
 from transformer.decoding.constraints import Phrases
 from transformer.decoding.hooks import SearchHook
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.runtime import sync_interval, use_graphs, use_static_search
 from transformer.decoding.search import count_done, live_rows, search_hooks, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
     Models,
     Stepper,
     evaluating,
-    sync_interval,
-    use_graphs,
-    use_static_search,
 )
 from transformer.model import Transformer
 

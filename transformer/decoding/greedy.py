@@ -21,15 +21,13 @@ from torch import Tensor
 from transformer.decoding import static
 from transformer.decoding.hooks import SearchHook
 from transformer.decoding.options import DecodeOptions
+from transformer.decoding.runtime import sync_interval, use_graphs, use_static_search
 from transformer.decoding.search import count_done, live_rows, search_hooks, search_inputs
 from transformer.decoding.step import (
     Hypothesis,
     Models,
     Stepper,
     evaluating,
-    sync_interval,
-    use_graphs,
-    use_static_search,
 )
 from transformer.model import Transformer
 

@@ -11,12 +11,12 @@ from transformer.decoding.constraints import Constraints, Phrases
 from transformer.decoding.hooks import Hooks, SearchHook
 from transformer.decoding.options import DecodeOptions
 from transformer.decoding.prefix import ForcedPrefix
+from transformer.decoding.runtime import batch_size
 from transformer.decoding.step import (
     Models,
     as_ensemble,
     ban_repeated_ngrams,
     ban_repeated_ngrams_at,
-    batch_size,
     sentence_max_lengths,
 )
 from transformer.masks import padding_mask
@@ -90,7 +90,7 @@ class TokenBans(SearchHook):
 
 def count_done(done: Tensor, t: int, steps: int, every: int) -> tuple[int, int]:
     """After step ``t`` of at most ``steps``: how many of the rows are ``done`` (n,), and how
-    many rows the others go on in (:func:`transformer.decoding.step.batch_size`). The host reads
+    many rows the others go on in (:func:`transformer.decoding.runtime.batch_size`). The host reads
     the count (the one synchronisation) every ``every`` steps, at the first and at the last;
     between reads, (0, n): the batch keeps its rows."""
     n = done.size(0)

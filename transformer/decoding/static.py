@@ -13,8 +13,8 @@ nothing) instead of leaving it, each step's token goes at the device's step coun
 capacity. The step finds what the loops of :mod:`transformer.decoding.beam_search` and
 :mod:`transformer.decoding.greedy` find (``tests/decoding/test_graph_search.py``).
 
-It runs with ``decode.static_search=true`` (:func:`transformer.decoding.step.use_static_search`; off
-by default until it has run on a GPU): one CUDA graph where cached steps replay graphs (a GPU),
+It runs with ``decode.static_search=true`` (:func:`transformer.decoding.runtime.use_static_search`;
+off by default until it has run on a GPU): one CUDA graph where cached steps replay graphs (a GPU),
 eagerly elsewhere: on a CPU, what a graph would replay (the tests' path). The uncached decoder (its
 shapes grow each step) always runs those loops.
 """
@@ -30,7 +30,8 @@ from torch import Tensor
 from transformer.decoding.graphs import GraphedSearchStep
 from transformer.decoding.hooks import SearchHook
 from transformer.decoding.options import DecodeOptions
-from transformer.decoding.step import Stepper, sync_interval, use_graphs
+from transformer.decoding.runtime import sync_interval, use_graphs
+from transformer.decoding.step import Stepper
 from transformer.model import Transformer
 
 # (lprobs (n, V), the rows' indices (n,), the step (1,) on the device) -> (n,) ids

@@ -26,7 +26,8 @@ from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
 from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
-from transformer.decoding.step import backend, use_graphs, use_static_search
+from transformer.decoding.runtime import backend, use_graphs, use_static_search
+from transformer.device import decoding_device, decoding_dtype
 from transformer.errors import ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
 from transformer.evaluation.files import (
@@ -49,7 +50,7 @@ from transformer.evaluation.references import (
 )
 from transformer.export.ct2_translate import CT2Translator, check_options
 from transformer.metrics import check_tokenize, score_translations
-from transformer.translate import Translator, decoding_device, decoding_dtype, load_translator
+from transformer.translate import Translator, load_translator
 
 log = logging.getLogger(__name__)
 

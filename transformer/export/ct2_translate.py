@@ -26,7 +26,8 @@ from transformer.decoding import DecodeOptions
 from transformer.decoding.step import max_output_lengths
 from transformer.errors import CheckpointError, ConfigError
 from transformer.export.ct2 import INFO_FILE, SPM_FILES, import_ctranslate2
-from transformer.translate import Translation, encode_lines, target_prefixes
+from transformer.line_batches import encode_lines, target_prefixes
+from transformer.translate import Translation
 
 
 def read_info(model_dir: str | os.PathLike) -> dict[str, Any]:

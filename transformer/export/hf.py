@@ -25,11 +25,8 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from transformer.checkpoints import (
-    load_or_average,
-    model_from_checkpoint,
-    tokenizers_from_checkpoint,
-)
+from transformer.averaging import load_or_average
+from transformer.checkpoints import model_from_checkpoint, tokenizers_from_checkpoint
 from transformer.config import TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions

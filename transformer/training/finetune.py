@@ -18,7 +18,8 @@ from typing import Any
 from omegaconf import DictConfig
 from torch import Tensor
 
-from transformer.checkpoints import checkpoint_paths, load_or_average, stored_tokenizer_models
+from transformer.averaging import load_or_average
+from transformer.checkpoints import checkpoint_paths, stored_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer

@@ -1,9 +1,8 @@
-"""The Lightning module: teacher-forced training with label smoothing, validation loss and BLEU."""
+"""The Lightning module: teacher-forced training with label smoothing, validation loss and BLEU
+(its hooks: :mod:`transformer.training.validation`)."""
 
 from __future__ import annotations
 
-import logging
-import math
 import time
 from collections.abc import Callable
 from contextlib import AbstractContextManager, nullcontext
@@ -25,27 +24,16 @@ from transformer.metrics import TOKENIZE, check_tokenize
 from transformer.model import Transformer
 from transformer.precision import AutocastWeights
 from transformer.training.freeze import freeze as freeze_parts
-from transformer.training.loggers import host_scalar, log_summary, logs_after
-from transformer.training.loss import (
-    LOSS_KERNELS,
-    check_label_smoothing,
-    label_smoothed_loss,
-    rdrop_loss,
-)
+from transformer.training.loggers import host_scalar, logs_after
+from transformer.training.loss import LOSS_KERNELS, check_label_smoothing, label_smoothed_loss
 from transformer.training.nonfinite import NonFiniteSteps
 from transformer.training.optim import clip_gradients, configure_optimizers, gradient_norm
+from transformer.training.rdrop import rdrop_loss
 from transformer.training.step import CompiledLayers, compiled_hidden_states, hidden_states
-from transformer.training.validation_bleu import (
-    bleu_metrics,
-    score_directions,
-    signature_summary,
-    translate_batch,
-)
-
-log = logging.getLogger(__name__)
+from transformer.training.validation import Validation
 
 
-class TranslationModule(L.LightningModule):
+class TranslationModule(Validation, L.LightningModule):
     """A :class:`Transformer` trained on :class:`transformer.data.collate.Batch` batches.
 
     Args:
@@ -58,7 +46,7 @@ class TranslationModule(L.LightningModule):
         label_smoothing: epsilon of the label-smoothed cross entropy.
         rdrop_alpha: R-Drop's weight (0 = off): training runs each batch twice (one pass over the
             batch doubled, each copy with its own dropout) and adds ``rdrop_alpha`` times the
-            passes' symmetric KL divergence (:func:`transformer.training.loss.rdrop_loss`);
+            passes' symmetric KL divergence (:func:`transformer.training.rdrop.rdrop_loss`);
             validation runs once.
         loss_kernel: the training steps' loss (:data:`transformer.training.loss.LOSS_KERNELS`):
             ``auto`` (the fastest measured; today ``chunked`` everywhere), ``chunked``,
@@ -284,49 +272,6 @@ class TranslationModule(L.LightningModule):
         return configure_optimizers(
             self.model, self.optimizer_factory, self.scheduler_factory, self.trainer
         )
-
-    # -- validation --------------------------------------------------------------------------
-
-    def on_validation_epoch_start(self) -> None:
-        self._val_sums = torch.zeros(3, dtype=torch.float64, device=self.device)
-        self._val_hyps: dict[int, dict[int, str]] = {}  # per validation loader (direction)
-
-    def validation_step(self, batch, batch_idx: int, dataloader_idx: int = 0) -> None:
-        loss_sum, nll_sum, ntok = self._loss(batch, compiled=False)
-        self._val_sums += torch.stack([loss_sum.double(), nll_sum.double(), ntok.double()])
-        if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
-            return
-        tokenizer = self.trainer.datamodule.tgt_tokenizer
-        hyps = translate_batch(self.model, tokenizer, batch, self.decoding, self.val_bleu_sentences)
-        if hyps:
-            self._val_hyps.setdefault(dataloader_idx, {}).update(hyps)
-
-    def on_validation_epoch_end(self) -> None:
-        sums = self.trainer.strategy.reduce(self._val_sums, reduce_op="sum")
-        loss_sum, nll_sum, ntok = sums.tolist()
-        ntok = max(ntok, 1.0)
-        self.log("val/loss", loss_sum / ntok, prog_bar=True, sync_dist=False)
-        self.log("val/ppl", math.exp(min(nll_sum / ntok, 50.0)))
-        if self.trainer.sanity_checking or self.val_bleu_sentences == 0:
-            return
-        directions = self.trainer.datamodule.directions
-        world_size = self.trainer.world_size
-        scores = score_directions(
-            self.trainer.datamodule, self._val_hyps, world_size, self.bleu_tokenize
-        )
-        for name, value in bleu_metrics(scores, directions).items():
-            self.log(name, value, prog_bar=name == "val/bleu")
-        if self.global_rank == 0:
-            log_summary(self.loggers, signature_summary(scores))
-            for direction, score in scores.items():
-                log.info(
-                    "step %d: val BLEU %.2f on %d sentences%s (%s)",
-                    self.global_step,
-                    score.bleu,
-                    score.num_sentences,
-                    f", {direction}" if len(directions) > 1 else "",
-                    score.signatures["bleu"],
-                )
 
     # -- checkpoints -------------------------------------------------------------------------
 

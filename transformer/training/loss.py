@@ -6,9 +6,9 @@ of the loss with respect to those logits (softmax minus the smoothed target), an
 into the gradients of the states and of the projection matrix. Memory for logits is one chunk's
 instead of the batch's, and each chunk's elementwise work stays in cache. What it saves per training
 step: docs/benchmarks.md#the-loss-fused-with-the-output-projection-and-16-bit-dropout-masks. R-Drop
-(:func:`rdrop_loss`) is fused the same way: both passes' logits of a chunk, never the batch's. On
-CPU the products with the projection matrix run through oneDNN in float32
-(:func:`transformer.linear.linear`).
+(:func:`transformer.training.rdrop.rdrop_loss`) is fused the same way: both passes' logits of a
+chunk, never the batch's. On CPU the products with the projection matrix run through oneDNN in
+float32 (:func:`transformer.linear.linear`).
 
 Two fused kernels may take a chunk's elementwise work instead (``loss.kernel``,
 :data:`LOSS_KERNELS`): ``compiled``, the same chunk's log-softmax, loss and gradient compiled by
@@ -48,7 +48,7 @@ def check_label_smoothing(eps: float, name: str = "label_smoothing") -> float:
     return eps
 
 
-def _saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
+def saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
     """The hidden states' and the projection's gradients, computed in the forward, scaled by the
     loss's incoming gradient (the loss is a sum: its backward only scales them)."""
     grad_hidden, grad_weight = ctx.saved_tensors
@@ -57,7 +57,7 @@ def _saved_gradients(ctx, grad_loss: Tensor) -> tuple[Tensor, Tensor]:
     )
 
 
-def _sums_and_gradients(
+def sums_and_gradients(
     hidden: Tensor, weight: Tensor, want_grad: bool
 ) -> tuple[Tensor, Tensor, Tensor | None, Tensor | None]:
     """A forward's accumulators: the loss and NLL sums (float32 scalars) and, when gradients are
@@ -70,7 +70,7 @@ def _sums_and_gradients(
     return loss, nll, grad_hidden, grad_weight
 
 
-def _keep_for_backward(
+def keep_for_backward(
     ctx, grad_hidden: Tensor | None, grad_weight: Tensor | None, weight: Tensor, nll: Tensor
 ) -> None:
     """Keep the gradients computed in the forward for the backward (the projection's in its
@@ -80,7 +80,7 @@ def _keep_for_backward(
     ctx.mark_non_differentiable(nll)
 
 
-def _apply_in_chunks(
+def apply_in_chunks(
     function: type[torch.autograd.Function],
     hidden: Tensor,
     weight: Tensor,
@@ -118,7 +118,7 @@ class _ProjectedLoss(torch.autograd.Function):
         want_grad: bool,
     ):
         n, vocab = hidden.size(0), weight.size(0)
-        loss, nll, grad_hidden, grad_weight = _sums_and_gradients(hidden, weight, want_grad)
+        loss, nll, grad_hidden, grad_weight = sums_and_gradients(hidden, weight, want_grad)
         terms = _compiled_terms() if compiled else _chunk_terms
         for start in range(0, n, rows):
             h = hidden[start : start + rows]  # (C, D)
@@ -129,12 +129,12 @@ class _ProjectedLoss(torch.autograd.Function):
             if want_grad:
                 grad_hidden[start : start + rows] = linear(g, weight.t())  # (C, D)
                 grad_weight += g.T @ h  # (V, D), summed over chunks in float32
-        _keep_for_backward(ctx, grad_hidden, grad_weight, weight, nll)
+        keep_for_backward(ctx, grad_hidden, grad_weight, weight, nll)
         return loss, nll
 
     @staticmethod
     def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        return *_saved_gradients(ctx, grad_loss), None, None, None, None, None
+        return *saved_gradients(ctx, grad_loss), None, None, None, None, None
 
 
 def _chunk_terms(
@@ -171,7 +171,7 @@ def _liger_loss(hidden: Tensor, weight: Tensor, labels: Tensor, epsilon: float) 
     )  # fmt: skip
 
 
-def _non_pad(
+def non_pad(
     hidden: Tensor, weight: Tensor, labels: Tensor, pad_id: int, num_labels: int | None, passes: int
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """The states (N, D), or (2, N, D) with ``passes=1`` leading dimension, and labels (N,) at the
@@ -221,86 +221,13 @@ def label_smoothed_loss(
     module's loop), ``compiled`` or ``liger`` (CUDA; the module docstring); with ``liger`` the
     NLL is None. ``bias`` (V,): the output projection's, if it has one (:func:`with_bias`).
     """
-    hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=0)
+    hidden, weight, labels, keep = non_pad(hidden, weight, labels, pad_id, num_labels, passes=0)
     hidden, weight = with_bias(hidden, weight, bias)
     if kernel == "liger":
         with torch.autocast(hidden.device.type, enabled=False):
             return _liger_loss(hidden, weight, labels, epsilon), None, keep.sum()
     compiled = kernel == "compiled"
-    loss, nll = _apply_in_chunks(
+    loss, nll = apply_in_chunks(
         _ProjectedLoss, hidden, weight, labels, epsilon, compiled, num_passes=1
-    )
-    return loss, nll, keep.sum()
-
-
-class _ProjectedRDropLoss(torch.autograd.Function):
-    """hidden (2, N, D): two passes' states at the same positions, weight (V, D), labels (N,) ->
-    summed R-Drop loss and summed NLL (mean of the two passes).
-
-    Per label: ``(ce_1 + ce_2) / 2 + alpha / 4 * (KL(p_1 || p_2) + KL(p_2 || p_1))``, where
-    ``KL(p_1 || p_2) + KL(p_2 || p_1) = sum_v (p_1 - p_2)(log p_1 - log p_2)``. Its gradient with
-    respect to pass 1's logits: ``(p_1 - target) / 2 + alpha / 4 * (p_1 (d - E_p1[d]) + p_1 -
-    p_2)`` with ``d = log p_1 - log p_2`` (pass 2's: the same with 1 and 2 swapped). As in
-    :class:`_ProjectedLoss` the gradients are computed in the forward.
-    """
-
-    @staticmethod
-    def forward(ctx, hidden, weight, labels, epsilon: float, alpha: float, rows: int, want_grad):
-        n, vocab = hidden.size(1), weight.size(0)
-        loss, nll, grad_hidden, grad_weight = _sums_and_gradients(hidden, weight, want_grad)
-        for start in range(0, n, rows):
-            h = hidden[:, start : start + rows]  # (2, C, D)
-            y = labels[start : start + rows, None]  # (C, 1)
-            lp = F.log_softmax(linear(h, weight), dim=-1, dtype=torch.float32)  # (2, C, V)
-            token_nll = -lp.gather(2, y.expand(2, -1, -1))  # (2, C, 1)
-            ce = (1.0 - epsilon) * token_nll.sum() - epsilon * lp.mean(-1).sum()
-            p = lp.exp()  # (2, C, V)
-            d = lp[0] - lp[1]  # (C, V)
-            loss += 0.5 * ce + 0.25 * alpha * ((p[0] - p[1]) * d).sum()
-            nll += 0.5 * token_nll.sum()
-            if not want_grad:
-                continue
-            target = torch.full_like(d, epsilon / vocab).scatter_add_(
-                1, y, d.new_full(y.shape, 1.0 - epsilon)
-            )  # (C, V)
-            for k, sign in ((0, 1.0), (1, -1.0)):  # d log p_k / ... : d for pass 1, -d for 2
-                dk = sign * d
-                kl = p[k] * (dk - (p[k] * dk).sum(-1, keepdim=True)) + p[k] - p[1 - k]
-                g = (0.5 * (p[k] - target) + 0.25 * alpha * kl).to(hidden.dtype)  # (C, V)
-                grad_hidden[k, start : start + rows] = linear(g, weight.t())  # (C, D)
-                grad_weight += g.T @ h[k]  # (V, D)
-        _keep_for_backward(ctx, grad_hidden, grad_weight, weight, nll)
-        return loss, nll
-
-    @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_nll: Tensor):
-        return *_saved_gradients(ctx, grad_loss), None, None, None, None, None
-
-
-def rdrop_loss(
-    hidden: Tensor,
-    weight: Tensor,
-    labels: Tensor,
-    epsilon: float,
-    alpha: float,
-    pad_id: int,
-    num_labels: int | None = None,
-    bias: Tensor | None = None,
-) -> tuple[Tensor, Tensor, Tensor]:
-    """R-Drop (Liang et al. 2021): the label-smoothed loss of two passes with their own dropout,
-    plus ``alpha`` times their symmetric KL divergence, summed over the non-pad labels; the
-    summed NLL (mean of the passes) and the label count.
-
-    hidden (2, ..., D): the two passes' decoder states for the same batch (one pass over the
-    batch doubled), labels (...). Per label the loss is ``(ce_1 + ce_2) / 2 + alpha / 4 *
-    (KL(p_1 || p_2) + KL(p_2 || p_1))``: the paper's loss (the sum of both passes' cross
-    entropies plus ``alpha / 2`` times that sum of KLs) halved, so ``alpha`` means what it does
-    there (5 for its translation tasks). Label smoothing applies to the cross entropies only.
-    Projected and fused in chunks as :func:`label_smoothed_loss`, ``bias`` too.
-    """
-    hidden, weight, labels, keep = _non_pad(hidden, weight, labels, pad_id, num_labels, passes=1)
-    hidden, weight = with_bias(hidden, weight, bias)
-    loss, nll = _apply_in_chunks(
-        _ProjectedRDropLoss, hidden, weight, labels, epsilon, alpha, num_passes=2
     )
     return loss, nll, keep.sum()
