@@ -17,6 +17,7 @@ LIGHT = (
     "transformer.export.hf_import",  # python -m transformer.export.hf_import
     "transformer.checkpoints",
     "transformer.surgery",
+    "transformer.evaluation.config_checks",  # evaluate's option checks (and option_types)
 )
 
 
