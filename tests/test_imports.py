@@ -18,6 +18,7 @@ LIGHT = (
     "transformer.checkpoints",
     "transformer.averaging",  # transformer-average
     "transformer.surgery",
+    "transformer.evaluation.config_checks",  # evaluate's option checks (and option_types)
 )
 
 

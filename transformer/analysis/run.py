@@ -10,33 +10,17 @@ from typing import Any
 from omegaconf import DictConfig
 
 from transformer.analysis import explorer
-from transformer.analysis.heads import IMPORTANCES, HeadEvaluator, head_importance, prune_greedily
+from transformer.analysis.heads import HeadEvaluator, head_importance, prune_greedily
 from transformer.analysis.heads_report import write_report
 from transformer.analysis.maps import capture_probes, translate_probes
+from transformer.analysis.options import check_analysis, check_analysis_options, number
 from transformer.analysis.report import draw_maps, map_figures, write_samples, write_stats
 from transformer.data.collate import encode_sources, encode_targets
 from transformer.decoding import DecodeOptions
-from transformer.errors import ConfigError
 from transformer.model import ATTENTION_TYPES
 from transformer.translate import Translator
 
 log = logging.getLogger(__name__)
-
-ANALYSES = ("heads", "maps")
-
-
-def check_analysis(kind: str | None) -> None:
-    if kind is not None and kind not in ANALYSES:
-        raise ConfigError(f"analysis={kind}: choose one of {', '.join(ANALYSES)}, or null")
-
-
-def _number(options: DictConfig, name: str, kind: type[int] | type[float]) -> Any:
-    """``analysis_options.<name>`` as ``kind``; a ConfigError naming the option if it is not one."""
-    try:
-        return kind(options[name])
-    except ValueError as err:
-        what = "a whole number" if kind is int else "a number"
-        raise ConfigError(f"analysis_options.{name}={options[name]!r} is not {what}") from err
 
 
 def run_analysis(
@@ -47,29 +31,26 @@ def run_analysis(
     options: DictConfig,
     out_dir: Path,
 ) -> dict[str, Any]:
-    """Run one analysis of ``ANALYSES`` on the first ``options.sentences`` pairs (null = all)."""
+    """Run one analysis of :data:`transformer.analysis.options.ANALYSES` on the first
+    ``options.sentences`` pairs (null = all); its options checked first
+    (:func:`transformer.analysis.options.check_analysis_options`)."""
     check_analysis(kind)
+    check_analysis_options(kind, options)
     count = options.sentences
     if count is not None:
-        count = _number(options, "sentences", int)
+        count = number(options, "sentences", int)
         sources, references = sources[:count], references[:count]
     if kind == "heads":
-        by = options.get("importance", "both")
-        if by not in IMPORTANCES:
-            raise ConfigError(f"analysis_options.importance={by}: choose one of "
-                              f"{', '.join(IMPORTANCES)}")  # fmt: skip
-        normalize = options.get("normalize_by_layer", False)
-        if not isinstance(normalize, bool):
-            raise ConfigError(f"analysis_options.normalize_by_layer={normalize!r}: true or false")
+        by, normalize = options.get("importance", "both"), options.get("normalize_by_layer", False)
         greedy = DecodeOptions(strategy="greedy")
         evaluator = HeadEvaluator(translator, sources, references, greedy)
         baseline, scores = head_importance(evaluator, by, normalize)
-        points = prune_greedily(evaluator, scores, _number(options, "prune_step", float))
+        points = prune_greedily(evaluator, scores, number(options, "prune_step", float))
         result = write_report(out_dir, baseline, scores, points, len(sources))
         log.info("head importance written to %s (heads.md, heads.json, heads_*.png)", out_dir)
         return {"analysis": "heads", "out_dir": str(out_dir), **result}
     model, src_tok, tgt_tok = translator.model, translator.src_tokenizer, translator.tgt_tokenizer
-    n = _number(options, "probes", int)
+    n = number(options, "probes", int)
     probes = translate_probes(model, src_tok, tgt_tok, sources[:n], references[:n])
     captured = capture_probes(model, probes)
     draw_maps(map_figures(captured, src_tok, tgt_tok, out_dir / "attention", ATTENTION_TYPES))

@@ -5,7 +5,8 @@ or score a file of translations made elsewhere (``hypotheses=FILE reference=FILE
 Scores are sacreBLEU's (BLEU, lowercased BLEU, chrF, chrF++, TER, with signatures; BLEU's
 tokenizer ``metrics.tokenize``) from :func:`transformer.metrics.score_translations`, the function
 training's ``val/bleu`` uses. Files (``input=``, and forced scores) are processed a chunk of lines
-at a time and resumable (:mod:`transformer.evaluation.streaming`).
+at a time and resumable (:mod:`transformer.evaluation.streaming`). Every option is checked
+first, before any work (:func:`transformer.evaluation.config_checks.validate_evaluate_config`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import IO, Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.analysis.run import check_analysis, run_analysis
+from transformer.analysis.run import run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
@@ -30,6 +31,7 @@ from transformer.decoding.runtime import backend, use_graphs, use_static_search
 from transformer.device import decoding_device, decoding_dtype
 from transformer.errors import ConfigError
 from transformer.evaluation.allocator import fix_mmap_threshold
+from transformer.evaluation.config_checks import validate_evaluate_config
 from transformer.evaluation.files import (
     RESULTS,
     check_outputs,
@@ -37,19 +39,10 @@ from transformer.evaluation.files import (
     score_pairs,
     translate_file,
 )
-from transformer.evaluation.guides import (
-    ConstraintsMet,
-    check_guides,
-    named_guides,
-    split_guides,
-)
-from transformer.evaluation.references import (
-    check_references,
-    score_hypotheses,
-    score_translated,
-)
-from transformer.export.ct2_translate import CT2Translator, check_options
-from transformer.metrics import check_tokenize, score_translations
+from transformer.evaluation.guides import ConstraintsMet, named_guides, split_guides
+from transformer.evaluation.references import score_hypotheses, score_translated
+from transformer.export.ct2_translate import CT2Translator
+from transformer.metrics import score_translations
 from transformer.translate import Translator, load_translator
 
 log = logging.getLogger(__name__)
@@ -76,69 +69,11 @@ def _torch_translator(
     return translator, ckpt, paths
 
 
-def _decode_options(settings: dict[str, Any]) -> tuple[DecodeOptions, int]:
-    """The ``decode`` options: the search, and ``max_tokens``, source tokens per batch (how
-    sentences are batched, not how each is decoded)."""
-    settings = dict(settings)
-    max_tokens = settings.pop("max_tokens")
-    if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-        raise ConfigError(f"decode.max_tokens must be an integer >= 1, got {max_tokens!r}")
-    return DecodeOptions.from_dict(settings, prefix="decode"), max_tokens
-
-
-def _check_modes(cfg: DictConfig, options: DecodeOptions, analysis: str | None) -> None:
-    """The options that choose what evaluate does, checked together before any work."""
-    engine = cfg.get("engine", "torch")
-    for name in ("ensemble", "score", "force"):
-        if not isinstance(cfg[name], bool):
-            raise ConfigError(f"{name} must be true or false, got {cfg[name]!r}")
-    chunk = cfg.input_chunk
-    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
-        raise ConfigError(f"input_chunk must be an integer >= 1 (lines), got {chunk!r}")
-    len_penalty, per_token = cfg.scoring.len_penalty, cfg.scoring.per_token
-    if isinstance(len_penalty, bool) or not isinstance(len_penalty, (int, float)):
-        raise ConfigError(f"scoring.len_penalty must be a number, got {len_penalty!r}")
-    if not isinstance(per_token, bool):
-        raise ConfigError(f"scoring.per_token must be true or false, got {per_token!r}")
-    if engine == "ctranslate2":
-        for wrong, name in ((cfg.ensemble, "ensemble=true"), (cfg.score, "score=true")):
-            if wrong:
-                raise ConfigError(f"{name} runs our decoder; use engine=torch")
-        check_options(options)
-    if analysis is not None and (cfg.ensemble or cfg.score):
-        raise ConfigError(
-            f"analysis={analysis} reads one model's attention on the split; leave out "
-            "ensemble=true and score=true"
-        )
-    if cfg.output is not None and cfg.input is None and not cfg.score:
-        raise ConfigError(
-            f"output={cfg.output} is where input=FILE's translations or score=true's scores go; "
-            "a split's translations go to hypotheses.txt in the run directory (hydra.run.dir)"
-        )
-    if cfg.output is not None and str(cfg.output).endswith(".gz"):
-        raise ConfigError(
-            f"output={cfg.output}: results are written as plain text, a chunk at a time (so that "
-            "a killed run resumes); give a name without .gz, and gzip the file once it is done"
-        )
-    if cfg.input not in (None, "-") and not Path(str(cfg.input)).is_file():
-        raise ConfigError(f"input={cfg.input}: no such file")
-    check_tokenize(cfg.metrics.tokenize)
-    check_guides(cfg, options, analysis)
-    check_references(cfg, options, analysis)
-
-
 def _ct2_translator(
-    cfg: DictConfig, device: torch.device, analysis: str | None
+    cfg: DictConfig, device: torch.device
 ) -> tuple[CT2Translator, dict[str, Any], list[str]]:
     """engine=ctranslate2: the translator of the model directory ``ckpt_path``, a stand-in
     checkpoint holding its data settings, and the directory as the one path."""
-    if analysis is not None:
-        raise ConfigError(f"analysis={analysis} reads our model's attention; use engine=torch")
-    if cfg.dtype not in ("auto", "float32"):
-        raise ConfigError(
-            f"dtype={cfg.dtype} is for engine=torch; with engine=ctranslate2 set "
-            "ctranslate2.compute_type (int8, bfloat16, ...) or export with --quantization"
-        )
     model_dir = str(cfg.ckpt_path)
     if not Path(model_dir).is_dir():
         raise ConfigError(
@@ -165,11 +100,9 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
     ``stdout`` (evaluate.py's standard output): without ``output`` (and ``reference``), input's
     translations and score=true's scores go there as well as to the run directory's file, each
     chunk once it is written, flushed; ``input=-``'s as its lines arrive."""
+    options, max_tokens = validate_evaluate_config(cfg)  # every option, before any work
     decode_settings = OmegaConf.to_container(cfg.decode)
-    options, max_tokens = _decode_options(decode_settings)  # checked before any work
     analysis = cfg.get("analysis")
-    check_analysis(analysis)
-    _check_modes(cfg, options, analysis)
     out_dir = Path(cfg.paths.output_dir)
     if cfg.hypotheses is not None:  # translations made elsewhere: no model
         check_outputs(cfg, out_dir, [str(cfg.hypotheses), str(cfg.reference)])
@@ -177,18 +110,15 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
         return score_hypotheses(cfg, out_dir)
     device = decoding_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
-    use_graphs(options, device)  # decode.graphs=true needs a GPU: said before any work
     fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
     check_outputs(cfg, out_dir, files_read(cfg, checkpoints))
     _clear_results(out_dir)
     if engine == "ctranslate2":
-        translator, ckpt, paths = _ct2_translator(cfg, device, analysis)
-    elif engine == "torch":
+        translator, ckpt, paths = _ct2_translator(cfg, device)
+    else:  # torch (validate_evaluate_config refuses any other)
         translator, ckpt, paths = _torch_translator(cfg, device, dtype)
-    else:
-        raise ConfigError(f"engine={engine}: choose torch or ctranslate2")
 
     texts = cache(partial(_texts, ckpt, cfg.data, paths[0]))  # the corpus, built when needed
     settings = ckpt.get("datamodule_hyper_parameters") or {}
