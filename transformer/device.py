@@ -15,9 +15,13 @@ def decoding_device(name: str) -> torch.device:
     """The device to decode on (``device=``): auto (a GPU where there is one), cpu or cuda."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ConfigError("device=cuda, but no GPU is available; use device=cpu or device=auto")
-    return torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        raise ConfigError(f"device={name} is not a device; use auto, cpu or cuda") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device={name}, but no GPU is available; use device=cpu or device=auto")
+    return device
 
 
 def decoding_dtype(name: str, device: torch.device) -> torch.dtype:

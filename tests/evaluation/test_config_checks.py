@@ -53,6 +53,7 @@ WRONG_GROUP_OPTIONS = [
     (["ctranslate2.threads=x"], "ctranslate2.threads=x: expected an integer, e.g. ctranslate2."),
     (["ctranslate2.exact_limits=maybe"], "ctranslate2.exact_limits=maybe: expected true or false"),
     (["decode.beam_size=x"], "decode.beam_size must be an integer, got 'x'"),
+    (["device=gpu"], "device=gpu is not a device; use auto, cpu or cuda"),
     (["+data.max_len=abc"], "data.max_len=abc: expected an integer, e.g. data.max_len=128"),
     (["data.download=maybe"], "data.download=maybe: expected true or false"),
     (["analysis=maps", "analysis_options.probes=two"], "analysis_options.probes='two' is not a "),

@@ -25,14 +25,14 @@ from omegaconf import DictConfig, OmegaConf
 from transformer.analysis.options import check_analysis, check_analysis_options
 from transformer.data.corpora import CorpusTexts
 from transformer.decoding import DecodeOptions
-from transformer.decoding.step import use_graphs
+from transformer.decoding.runtime import use_graphs
+from transformer.device import decoding_device, decoding_dtype
 from transformer.errors import ConfigError
 from transformer.evaluation.guides import check_guides
 from transformer.evaluation.references import check_references
 from transformer.export.ct2_translate import CT2Translator, check_options
 from transformer.metrics import check_tokenize
 from transformer.option_types import check_type, option_types
-from transformer.translate import decoding_device, decoding_dtype
 
 FILE = str | None  # a file's path (input=-: standard input); null: none
 # Each option's type: the parameter of the object that takes it, or its type where evaluate()
