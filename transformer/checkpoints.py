@@ -173,10 +173,15 @@ def model_from_checkpoint(
     except ValueError as err:  # the config's own checks (edited, or written by other code)
         raise CheckpointError(f"{path}: its model config is invalid: {err}") from err
     model = Transformer(cfg)
-    prefix = "model."
-    state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
-    model.load_state_dict(state)
+    model.load_state_dict(model_state(ckpt))
     return model
+
+
+def model_state(ckpt: dict[str, Any]) -> dict[str, Any]:
+    """The model's weights in a checkpoint, named as the model names them (Lightning stores them
+    under the module's ``model.`` attribute)."""
+    prefix = "model."
+    return {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
 
 
 def tokenizer_models(ckpt: dict[str, Any]) -> dict[str, bytes | None]:

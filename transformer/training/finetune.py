@@ -19,7 +19,7 @@ from omegaconf import DictConfig
 from torch import Tensor
 
 from transformer.averaging import load_or_average
-from transformer.checkpoints import checkpoint_paths, stored_tokenizer_models
+from transformer.checkpoints import checkpoint_paths, model_state, stored_tokenizer_models
 from transformer.config import TransformerConfig
 from transformer.data.datamodule import TranslationDataModule
 from transformer.data.tokenizer import Tokenizer
@@ -63,7 +63,5 @@ def initial_weights(
     if model_cfg.share_all_embeddings and models["src"] != models["tgt"]:
         check_one_vocabulary(models, name)
     data.use_tokenizers(models["src"], models["tgt"], checkpoint=name)
-    prefix = "model."
-    state = {k[len(prefix) :]: v for k, v in ckpt["state_dict"].items() if k.startswith(prefix)}
     log.info("init_from=%s: its weights and tokenizers; a fresh optimizer and schedule", name)
-    return state
+    return model_state(ckpt)
