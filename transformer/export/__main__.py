@@ -25,15 +25,10 @@ def main(argv: Sequence[str] | None = None) -> None:
         "them), to a CTranslate2 model directory with its vocabulary, SentencePiece models and a "
         "README on translating with it.",
     )
-    ct2.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints of one run")
-    ct2.add_argument("out_dir", metavar="OUT_DIR", help="the model directory to write")
     ct2.add_argument(
         "--quantization", choices=QUANTIZATIONS, default="float32",
         help="the weights' type in the model (default: float32)",
     )  # fmt: skip
-    ct2.add_argument(
-        "--force", action="store_true", help="replace an OUT_DIR that an earlier export wrote"
-    )
     hf = engines.add_parser(
         "hf",
         help='a Hugging Face MarianMT directory (pip install -e ".[hf]")',
@@ -41,11 +36,12 @@ def main(argv: Sequence[str] | None = None) -> None:
         "directory that transformers loads (AutoModelForSeq2SeqLM, AutoTokenizer). Post-norm "
         "models with sinusoidal positions map; other options are refused by name.",
     )
-    hf.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints of one run")
-    hf.add_argument("out_dir", metavar="OUT_DIR", help="the model directory to write")
-    hf.add_argument(
-        "--force", action="store_true", help="replace an OUT_DIR that an earlier export wrote"
-    )
+    for engine in (ct2, hf):  # what every format takes
+        engine.add_argument("checkpoints", nargs="+", metavar="CKPT", help="checkpoints of one run")
+        engine.add_argument("out_dir", metavar="OUT_DIR", help="the model directory to write")
+        engine.add_argument(
+            "--force", action="store_true", help="replace an OUT_DIR that an earlier export wrote"
+        )
     args = parser.parse_args(argv)
     try:
         if args.engine == "hf":

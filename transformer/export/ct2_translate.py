@@ -24,7 +24,7 @@ import torch
 from transformer.data.tokenizer import BOS_ID, PAD_ID, Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import max_output_lengths
-from transformer.errors import CheckpointError, ConfigError
+from transformer.errors import CheckpointError, ConfigError, show
 from transformer.export.ct2 import INFO_FILE, SPM_FILES, import_ctranslate2
 from transformer.line_batches import encode_lines, target_prefixes
 from transformer.translate import Translation
@@ -66,7 +66,7 @@ def check_options(options: DecodeOptions) -> None:
     for field in fields(options):
         value = getattr(options, field.name)
         if field.name in OURS_ONLY and value != field.default:
-            wrong.append(f"decode.{field.name}={str(value).lower() if value is True else value}")
+            wrong.append(f"decode.{field.name}={show(value)}")
     if wrong:
         raise ConfigError(f"{wrong[0]} runs our decoder; use engine=torch")
 
