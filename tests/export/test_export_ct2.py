@@ -258,9 +258,6 @@ def trained(tmp_path_factory) -> tuple[list[Path], Path]:
     )  # fmt: skip
     torch.manual_seed(0)
     model = Transformer(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    src_ids = [ids + [EOS_ID] for ids in tok.encode_batch(en)]
-    tgt_ids = tok.encode_batch(de)
     data = {
         "datamodule_hyper_parameters": {
             "source": "local",
@@ -276,7 +273,22 @@ def trained(tmp_path_factory) -> tuple[list[Path], Path]:
         "tokenizers": {side: {"name": "joint.model", "model": proto} for side in ("src", "tgt")},
     }
     paths = []
-    for step in range(300):
+    for step in train(model, tok, en, de, 300):
+        if step in (150, 300):
+            paths.append(root / f"step{step}.ckpt")
+            state = {f"model.{k}": v for k, v in model.state_dict().items()}
+            hparams = {"model": cfg.to_dict()}
+            torch.save({"hyper_parameters": hparams, "state_dict": state, **data}, paths[-1])
+    return paths, corpus
+
+
+def train(model: Transformer, tok: Tokenizer, en: list[str], de: list[str], steps: int):
+    """Adam updates of ``model`` on batches of 32 of the pairs (en, de), each seeded by its step;
+    yields the number of updates made after each."""
+    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
+    src_ids = [ids + [EOS_ID] for ids in tok.encode_batch(en)]
+    tgt_ids = tok.encode_batch(de)
+    for step in range(steps):
         rows = random.Random(step).sample(range(len(en)), 32)
         src = pad([src_ids[i] for i in rows])
         tgt_in = pad([[BOS_ID, *tgt_ids[i]] for i in rows])
@@ -286,12 +298,7 @@ def trained(tmp_path_factory) -> tuple[list[Path], Path]:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-        if step + 1 in (150, 300):
-            paths.append(root / f"step{step + 1}.ckpt")
-            state = {f"model.{k}": v for k, v in model.state_dict().items()}
-            hparams = {"model": cfg.to_dict()}
-            torch.save({"hyper_parameters": hparams, "state_dict": state, **data}, paths[-1])
-    return paths, corpus
+        yield step + 1
 
 
 def pad(rows: list[list[int]]) -> torch.Tensor:

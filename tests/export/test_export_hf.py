@@ -5,19 +5,17 @@ export -> import unchanged; what MarianMTModel does not compute is refused by na
 
 from __future__ import annotations
 
-import random
 from pathlib import Path
 
 import pytest
 import torch
-import torch.nn.functional as F
 
-from tests.export.test_export_ct2 import pad, sentence_pairs, sentencepiece_model
+from tests.export.test_export_ct2 import pad, sentence_pairs, sentencepiece_model, train
 from tests.export.tiny_marian import write_marian_dir
 from transformer import Transformer, TransformerConfig
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, Tokenizer
+from transformer.data.tokenizer import BOS_ID, EOS_ID, Tokenizer
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.export.__main__ import main as export_main
@@ -42,17 +40,8 @@ def trained_checkpoint(path: Path, steps: int = 150, **options) -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = Transformer(cfg)
-    optimizer = torch.optim.Adam(model.parameters(), lr=3e-3)
-    src_ids = [ids + [EOS_ID] for ids in tok.encode_batch(en)]
-    tgt_ids = tok.encode_batch(de)
-    for step in range(steps):
-        rows = random.Random(step).sample(range(len(en)), 32)
-        logits = model(pad([src_ids[i] for i in rows]), pad([[BOS_ID, *tgt_ids[i]] for i in rows]))
-        labels = pad([[*tgt_ids[i], EOS_ID] for i in rows])
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), ignore_index=PAD_ID)
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
+    for _ in train(model, tok, en, de, steps):
+        pass
     state = {f"model.{k}": v for k, v in model.state_dict().items()}
     torch.save(
         {
