@@ -32,8 +32,8 @@ from transformer.data.tokenizer_training import SPM_TRAIN_SENTENCES
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError
 from transformer.training import TranslationModule
-from transformer.training.callbacks import EpochCheckpoint
 from transformer.training.config_checks import model_config, validate_config
+from transformer.training.epoch_checkpoint import EpochCheckpoint
 from transformer.training.run import build_datamodule, train, validation_tokens
 
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
@@ -411,6 +411,43 @@ def test_epoch_checkpoints_count_an_epoch_resumed_midway(corpus, tmp_path):
     train(compose_cfg([*common, "trainer.max_steps=64", f"ckpt_path={ckpt}"], tmp_path))
     kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
     assert kept == [f"epoch00{e}-step{(e + 1) * STEPS_PER_EPOCH}.ckpt" for e in range(4)]
+
+
+@pytest.mark.slow
+def test_epoch_checkpoints_keep_the_last_share_of_the_budget(corpus, tmp_path):
+    """budget_share=0.5 of 80 updates (5 epochs of 16): the epochs that end from update 40 on,
+    all of them (save_top_k=-1), none before."""
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de",
+        "trainer.max_epochs=-1",
+        f"trainer.max_steps={5 * STEPS_PER_EPOCH}",
+        "callbacks.epoch_checkpoints.save_top_k=-1",
+        "callbacks.epoch_checkpoints.budget_share=0.5",
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    assert kept == [f"epoch00{e}-step{(e + 1) * STEPS_PER_EPOCH}.ckpt" for e in (2, 3, 4)]
+
+
+@pytest.mark.parametrize(
+    "given, says",
+    [
+        (["trainer.max_steps=-1", "trainer.max_epochs=2", "budget_share=0.2"], "has none: set"),
+        (["budget_share=1.5"], "in (0, 1]"),
+        (["budget_share=true"], "expected a number or null"),
+    ],
+    ids=["no-budget", "above-1", "bool"],
+)
+def test_epoch_checkpoints_budget_share_is_checked_before_any_work(corpus, tmp_path, given, says):
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de",
+        *(o if o.startswith("trainer") else f"callbacks.epoch_checkpoints.{o}" for o in given),
+    ]
+    with pytest.raises(ConfigError, match=re.escape(says)) as err:
+        validate_config(compose_cfg(overrides, tmp_path))
+    assert "callbacks.epoch_checkpoints.budget_share=" in str(err.value)
 
 
 def test_epoch_checkpoint_saves_at_train_epoch_ends_only(tmp_path):

@@ -21,8 +21,7 @@ def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
     ``Timer`` (the one ``max_time`` installs): measured from the start of fit, validation
     included, and saved in checkpoints, so a resumed run continues from the time already spent.
     Under DDP rank 0's time is broadcast, for the same rate on every rank."""
-    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
-    timer = timers[0] if timers and timers[0].time_remaining() is not None else None
+    timer = budget_timer(trainer)
 
     def progress() -> float:
         share = (trainer.global_step + 1) / trainer.max_steps if trainer.max_steps > 0 else 0.0
@@ -35,6 +34,12 @@ def budget_progress(trainer: L.Trainer) -> Callable[[], float]:
         return share
 
     return progress
+
+
+def budget_timer(trainer: L.Trainer) -> Timer | None:
+    """The ``Timer`` that ``trainer.max_time`` installs, or None where no time limit is set."""
+    timers = [c for c in trainer.callbacks if isinstance(c, Timer)]
+    return timers[0] if timers and timers[0].time_remaining() is not None else None
 
 
 def warn_if_epochs_end_first(trainer: L.Trainer) -> None:

@@ -16,7 +16,6 @@ import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import (
     Checkpoint,
-    ModelCheckpoint,
     TQDMProgressBar,
     WeightAveraging,
 )
@@ -128,47 +127,6 @@ class LastCheckpoint(Checkpoint):
 
     def on_exception(self, trainer, pl_module, exception: BaseException) -> None:
         self._restore_handlers()
-
-
-class EpochCheckpoint(ModelCheckpoint):
-    """A :class:`ModelCheckpoint` that saves at the end of complete training epochs only.
-
-    Lightning ends the epoch loop, and calls ``on_train_epoch_end``, also when training stops
-    inside an epoch (``trainer.max_steps``, ``trainer.max_time``); ``ModelCheckpoint`` would then
-    save that partial epoch too, a few steps after the previous epoch's checkpoint, and an average
-    of the last N epochs would weight nearly the same weights twice. Here an epoch counts when it
-    ran to its last batch (with gradient accumulation the last batch always ends in an optimizer
-    step). A run shorter than one epoch thus keeps no epoch checkpoint (``last.ckpt`` is written
-    anyway, by :class:`LastCheckpoint`). Saving always happens at the train epoch's end
-    (``save_on_train_epoch_end=True``), never after a validation inside the epoch.
-    """
-
-    def __init__(self, *args: Any, save_on_train_epoch_end: bool | None = True, **kwargs: Any):
-        if save_on_train_epoch_end is False:
-            raise ValueError(
-                "EpochCheckpoint saves at the end of training epochs: save_on_train_epoch_end "
-                "must be true"
-            )
-        super().__init__(*args, save_on_train_epoch_end=True, **kwargs)
-
-    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        if epoch_ran_to_its_end(trainer):
-            super().on_train_epoch_end(trainer, pl_module)
-
-
-def epoch_ran_to_its_end(trainer: L.Trainer) -> bool:
-    """Whether the training epoch now ending ran to its last batch (at ``on_train_epoch_end``),
-    rather than being cut short by ``max_steps``, ``max_time`` or ``trainer.should_stop``.
-
-    The test Lightning (2.6) itself uses before stepping epoch-interval LR schedulers
-    (``_TrainingEpochLoop._num_ready_batches_reached``), from the loop's public progress counters:
-    the batches fetched this epoch (counted on across a mid-epoch resume) reached the loader's
-    length, or the data fetcher found no next batch. Decided on rank 0 for all ranks, so that
-    every rank saves, or none.
-    """
-    progress = trainer.fit_loop.epoch_loop.batch_progress
-    ended = progress.is_last_batch or progress.current.ready == trainer.num_training_batches
-    return bool(trainer.strategy.broadcast(ended))
 
 
 class WeightEMA(WeightAveraging):

@@ -21,6 +21,7 @@ from transformer.training.config_checks.groups import (
     check_ckpt_path,
     check_data,
     check_ema,
+    check_epoch_checkpoints,
     check_freeze,
     check_kernels,
     check_loss,
@@ -44,6 +45,7 @@ def validate_config(cfg: DictConfig) -> TransformerConfig:
     check_optim(cfg.optim, cfg.trainer)
     check_loss(cfg.loss, cfg.trainer)
     check_validation(cfg.validation, cfg.get("callbacks"))
+    check_epoch_checkpoints(cfg.get("callbacks"), cfg.trainer)
     check_metrics(cfg.get("metrics"))
     check_ema(cfg.get("ema"), cfg.trainer)
     check_freeze(cfg.get("freeze"))

@@ -25,6 +25,7 @@ from transformer.config import TransformerConfig
 from transformer.decoding.options import validation_decoding
 from transformer.errors import ConfigError, show
 from transformer.metrics import TOKENIZE, check_tokenize
+from transformer.training.epoch_checkpoint import check_budget_share
 from transformer.training.freeze import PARTS
 from transformer.training.loss import check_label_smoothing
 from transformer.training.optim import takes_progress
@@ -118,6 +119,13 @@ def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
             "set one (e.g. trainer.max_steps=20000 or +trainer.max_time=00:01:00:00), or use "
             "optim=adamw (warmup then inverse square root, no end needed)"
         )
+
+
+def check_epoch_checkpoints(callbacks: DictConfig | None, trainer: DictConfig) -> None:
+    """The epoch checkpoints' ``budget_share`` (:mod:`transformer.training.epoch_checkpoint`)."""
+    epochs = (callbacks or {}).get("epoch_checkpoints") or {}
+    has_budget = trainer.get("max_steps", -1) > 0 or trainer.get("max_time") is not None
+    check_budget_share(epochs.get("budget_share"), has_budget)
 
 
 def check_loss(loss: DictConfig, trainer: DictConfig) -> None:
