@@ -430,6 +430,27 @@ def test_epoch_checkpoints_keep_the_last_share_of_the_budget(corpus, tmp_path):
     assert kept == [f"epoch00{e}-step{(e + 1) * STEPS_PER_EPOCH}.ckpt" for e in (2, 3, 4)]
 
 
+@pytest.mark.slow
+def test_epoch_checkpoints_keep_the_last_share_of_the_time(corpus, tmp_path):
+    """The CPU recipe's budget, trainer.max_time: budget_share=0.5 of 6 seconds keeps the epochs
+    that end in the last 3, the most recent complete ones, and not the first."""
+    overrides = [
+        *tiny_overrides(corpus),
+        "experiment=multi30k_en_de_cpu",
+        "trainer.max_time=00:00:00:06",
+        "callbacks.epoch_checkpoints.save_top_k=-1",
+        "callbacks.epoch_checkpoints.budget_share=0.5",
+    ]
+    train(compose_cfg(overrides, tmp_path))
+    complete = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["global_step"] // 16
+    kept = sorted(p.name for p in (tmp_path / "checkpoints" / "epochs").iterdir())
+    first = complete - len(kept)
+    assert 0 < first < complete  # some epochs kept, the first ones not
+    assert kept == [
+        f"epoch{e:03d}-step{(e + 1) * STEPS_PER_EPOCH}.ckpt" for e in range(first, complete)
+    ]
+
+
 @pytest.mark.parametrize(
     "given, says",
     [

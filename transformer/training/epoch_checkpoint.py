@@ -54,7 +54,8 @@ class EpochCheckpoint(ModelCheckpoint):
         super().setup(trainer, pl_module, stage)
         if self.budget_share is None or stage != "fit":
             return
-        check_budget_share(self.budget_share, trainer.max_steps > 0 or budget_timer(trainer))
+        has_budget = trainer.max_steps > 0 or budget_timer(trainer) is not None
+        check_budget_share(self.budget_share, has_budget)
         self._progress = budget_progress(trainer)
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
