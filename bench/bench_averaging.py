@@ -20,7 +20,6 @@ over the runs.
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import sys
 from pathlib import Path
@@ -30,6 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run as a file: t
 import sacrebleu
 import torch
 
+from bench.bench_length_buckets import read  # a Multi30k .gz file's lines
 from transformer.averaging import load_or_average
 from transformer.checkpoints import (
     load_checkpoint,
@@ -41,11 +41,6 @@ from transformer.errors import UserError, one_line_errors
 from transformer.translate import Translator
 
 SETS = "val,test_2016_flickr,test_2017_flickr,test_2017_mscoco"
-
-
-def read(path: Path) -> list[str]:
-    with gzip.open(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 def epoch_checkpoints(run: Path) -> list[tuple[int, Path]]:
