@@ -112,7 +112,7 @@ def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
         factory(stand_in, **({"progress": lambda: 0.0} if budgeted else {}))
     except ValueError as err:  # its messages name the argument: warmup_steps must be ...
         raise ConfigError(f"optim.scheduler.{err}") from err
-    if budgeted and trainer.get("max_steps", -1) == -1 and trainer.get("max_time") is None:
+    if budgeted and not has_budget(trainer):
         raise ConfigError(
             f"optim.scheduler.shape={scheduler.get('shape', 'cosine')} decays to its minimum "
             "when training ends, but neither trainer.max_steps nor trainer.max_time is set; "
@@ -124,8 +124,13 @@ def check_scheduler(scheduler: DictConfig, trainer: DictConfig) -> None:
 def check_epoch_checkpoints(callbacks: DictConfig | None, trainer: DictConfig) -> None:
     """The epoch checkpoints' ``budget_share`` (:mod:`transformer.training.epoch_checkpoint`)."""
     epochs = (callbacks or {}).get("epoch_checkpoints") or {}
-    has_budget = trainer.get("max_steps", -1) > 0 or trainer.get("max_time") is not None
-    check_budget_share(epochs.get("budget_share"), has_budget)
+    check_budget_share(epochs.get("budget_share"), has_budget(trainer))
+
+
+def has_budget(trainer: DictConfig) -> bool:
+    """Whether training has an end a share can be taken of: ``trainer.max_steps`` or
+    ``trainer.max_time`` (an epoch count alone is no budget: it depends on the data)."""
+    return trainer.get("max_steps", -1) != -1 or trainer.get("max_time") is not None
 
 
 def check_loss(loss: DictConfig, trainer: DictConfig) -> None:
