@@ -34,7 +34,7 @@ from transformer.analysis.callback import AttentionMapsCallback
 from transformer.analysis.figures import Drawing, draw
 from transformer.checkpoints import load_checkpoint, tokenizer_models
 from transformer.configs import CONFIG_DIR
-from transformer.data.datamodule import TranslationDataModule
+from transformer.data.datamodule import TranslationDataModule, stored_settings
 from transformer.errors import one_line_errors
 from transformer.metrics import score_translations
 from transformer.training import TranslationModule
@@ -56,9 +56,9 @@ def timed(fn: Callable[[], object], device: torch.device) -> tuple[float, object
 
 def datamodule(ckpt: dict, path: Path, data: Path, budget: int, cache: Path):
     """The checkpoint's data settings and tokenizers, its validation batches at ``budget``."""
-    settings = dict(ckpt["datamodule_hyper_parameters"])
+    settings = stored_settings(ckpt)
     settings |= dict(root=str(data), download=False, num_workers=0, cache_dir=str(cache),
-                     eval_max_tokens=budget)  # fmt: skip
+                     validation_max_tokens=budget)  # fmt: skip
     dm = TranslationDataModule(**settings)
     models = tokenizer_models(ckpt)
     dm.use_tokenizers(models["src"], models["tgt"], checkpoint=path)

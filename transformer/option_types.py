@@ -22,7 +22,9 @@ from transformer.errors import ConfigError, show
 def option_types(owner: Any) -> dict[str, tuple[Any, Any]]:
     """(annotated type, default) of each keyword argument ``owner`` takes: a function, a class
     (its ``__init__``'s, and its bases' for the ``**kwargs`` it passes on) or a Hydra
-    ``_target_`` naming one. A parameter whose annotation cannot be resolved is left out."""
+    ``_target_`` naming one, with the options a class declares its ``**kwargs`` take
+    (``keyword_options``: name -> (type, default)). A parameter whose annotation cannot be
+    resolved is left out."""
     if isinstance(owner, str):
         try:
             owner = get_object(owner)
@@ -39,7 +41,7 @@ def option_types(owner: Any) -> dict[str, tuple[Any, Any]]:
         for p in parameters:
             if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and p.name in hints:
                 found[p.name] = (hints[p.name], None if p.default is p.empty else p.default)
-    return found
+    return {**getattr(owner, "keyword_options", {}), **found}
 
 
 def _annotations(function: Any) -> dict[str, Any]:

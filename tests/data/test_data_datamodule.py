@@ -254,6 +254,33 @@ def test_hydra_configs_instantiate(name, multi30k_dir, corpus_dir, tmp_path, dm_
     assert batch.src.dtype == torch.long
 
 
+def test_a_source_option_is_declared_by_its_source_alone(corpus_dir, dm_kwargs) -> None:
+    """The data module has no parameter of its own for a source's options: each reaches the
+    corpus from the mapping SOURCES declares (a new source adds its keys there only), and a key
+    no source declares is refused by name."""
+    import inspect
+
+    from transformer.data.corpora import SOURCE_KEYS
+
+    assert not set(SOURCE_KEYS) & set(inspect.signature(dm_module.TranslationDataModule).parameters)
+    dm = dm_module.TranslationDataModule(source="local", root=str(corpus_dir), **dm_kwargs)
+    assert dm.corpora[0].source.root == corpus_dir and dm.hparams["root"] == str(corpus_dir)
+    with pytest.raises(ValueError, match=r"unknown data option\(s\) \['hf_nmae'\].*'hf_name'"):
+        dm_module.TranslationDataModule(source="hf", hf_nmae="wmt/wmt14", **dm_kwargs)
+
+
+def test_an_earlier_checkpoints_validation_budget_is_read_under_its_name_now(corpus_dir, dm_kwargs):
+    """Checkpoints of earlier versions store validation.max_tokens as eval_max_tokens: their data
+    settings still build the data module, with that budget."""
+    stored = {"source": "local", "root": str(corpus_dir), "eval_max_tokens": 512, **dm_kwargs}
+    settings = dm_module.stored_settings({"datamodule_hyper_parameters": stored})
+    assert dm_module.TranslationDataModule(**settings).validation_max_tokens == 512
+    texts = dm_module.checkpoint_texts(
+        {"datamodule_hyper_parameters": stored}, {}, DataError("no corpus"), "invalid"
+    )
+    assert texts.references("val") == dm_module.TranslationDataModule(**settings).references("val")
+
+
 def test_multi30k_offline_without_files_names_the_option(tmp_path, dm_kwargs, monkeypatch):
     monkeypatch.setattr("transformer.data.sources.MULTI30K_URL", "http://127.0.0.1:9")
     dm = dm_module.TranslationDataModule(root=str(tmp_path / "none"), **dm_kwargs)

@@ -110,7 +110,9 @@ class Batches:
     def _eval_loaders(self, name: str) -> DataLoader | list[DataLoader]:
         """One loader per direction (one direction: the loader itself), in :attr:`directions`'
         order."""
-        loaders = [self._loader(self.split(name, d), self.eval_max_tokens) for d in self.directions]
+        loaders = [
+            self._loader(self.split(name, d), self.validation_max_tokens) for d in self.directions
+        ]
         return loaders[0] if len(loaders) == 1 else loaders
 
     def val_dataloader(self) -> DataLoader | list[DataLoader]:

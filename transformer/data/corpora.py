@@ -30,14 +30,7 @@ from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
 from transformer.data.text_files import ParallelText, checked
 from transformer.errors import DataError
 
-# What an entry of data.corpora may set for itself; missing keys come from data.*: the keys of
-# every source, and those that a source of SOURCES reads (a test holds the two together).
-CORPUS_KEYS = (
-    "source", "root", "src_lang", "tgt_lang", "train_split", "val_split", "test_split",
-    "hf_name", "hf_config", "hf_path", "hf_revision", "hf_data_dir", "download",
-)  # fmt: skip
 COMMON_KEYS = ("source", "src_lang", "tgt_lang", "train_split", "val_split", "test_split")
-ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
 
 
@@ -45,8 +38,9 @@ _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
 class SourceKind:
     """What ``data.source=<name>`` is, declared once: how its corpus is made from a corpus's
     options (:data:`CORPUS_KEYS`, nothing read yet), its default (train, val, test) split names,
-    the ``data.*`` keys it reads beyond :data:`COMMON_KEYS`, whether ``data.root`` must name its
-    files' directory, and which of its keys name its corpus (a resume must keep them)."""
+    the ``data.*`` keys it reads beyond :data:`COMMON_KEYS` (their types and defaults in
+    :data:`SOURCE_OPTIONS`), whether ``data.root`` must name its files' directory, and which of
+    its keys name its corpus (a resume must keep them)."""
 
     make: Callable[[Mapping[str, Any]], CorpusSource]
     splits: tuple[str, str, str]
@@ -71,6 +65,17 @@ def _local(opts: Mapping[str, Any]) -> CorpusSource:
     return LocalSource(opts["root"], opts["src_lang"], opts["tgt_lang"])
 
 
+# Each option that only some sources read (their kind's ``options``): its type (checked before
+# any work, as an annotation is) and its value where none is given
+SOURCE_OPTIONS: dict[str, tuple[Any, Any]] = {
+    "root": (str | None, "data/multi30k"),
+    "download": (bool, True),
+    "hf_name": (str | None, None),
+    "hf_config": (str | None, None),
+    "hf_path": (str | None, None),
+    "hf_revision": (str | None, None),
+    "hf_data_dir": (str | None, None),
+}
 SOURCES = {  # data.source -> its kind
     "multi30k": SourceKind(
         _multi30k, ("train", "val", "test_2016_flickr"), ("root", "download"), needs_root=True
@@ -83,6 +88,12 @@ SOURCES = {  # data.source -> its kind
     ),
     "local": SourceKind(_local, ("train", "val", "test"), ("root",), needs_root=True),
 }
+# The keys that only some sources read (data.root, data.hf_name, ...), as SOURCES uses them: the
+# data module takes them as one mapping
+SOURCE_KEYS = tuple(dict.fromkeys(k for kind in SOURCES.values() for k in kind.options))
+# What an entry of data.corpora may set for itself; missing keys come from data.*
+CORPUS_KEYS = (*COMMON_KEYS, *SOURCE_KEYS)
+ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 # What names a run's corpus, for every source: a resume must keep it
 CORPUS_IDENTITY = COMMON_KEYS[:3] + tuple(k for kind in SOURCES.values() for k in kind.identifies)
 

@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 
 from transformer.data.batches import Batches
-from transformer.data.corpora import Corpus, CorpusTexts, make_corpora
+from transformer.data.corpora import SOURCE_KEYS, SOURCE_OPTIONS, Corpus, CorpusTexts, make_corpora
 from transformer.data.prepare import check_batching, prepare, tokenizer_files
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.subword_sampling import sampling_options
@@ -46,12 +46,21 @@ class TranslationDataModule(Batches, L.LightningDataModule):
     ``spm_sampling`` (``alpha``, ``nbest``; alpha null: off) segments the training pairs anew each
     epoch, in the loader workers (:mod:`transformer.data.subword_sampling`); validation and test
     keep the cached deterministic segmentation.
+
+    ``source_options``: the options that only some sources read (``root``, ``download``,
+    ``hf_name``, ...), as :data:`transformer.data.corpora.SOURCES` declares them; the data module
+    passes them on to its corpora. ``validation_max_tokens``: training's
+    ``validation.max_tokens``, the validation and test batches' token budget (None:
+    ``max_tokens``).
     """
+
+    # The options its **source_options takes: (type, default), as a parameter's annotation
+    # and default say them (transformer.option_types reads both)
+    keyword_options = {key: SOURCE_OPTIONS[key] for key in SOURCE_KEYS}
 
     def __init__(
         self,
         source: str = "multi30k",
-        root: str | None = "data/multi30k",
         src_lang: str = "en",
         tgt_lang: str = "de",
         vocab_size: int = 8000,
@@ -59,7 +68,7 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         joint_vocab: bool = True,
         spm_train_sentences: int = SPM_TRAIN_SENTENCES,
         max_tokens: int | None = 4096,
-        eval_max_tokens: int | None = None,
+        validation_max_tokens: int | None = None,
         batch_size: int | None = 64,
         max_len: int = 128,
         pad_to_multiple: int = 1,
@@ -70,19 +79,20 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         train_split: str | None = None,
         val_split: str | None = None,
         test_split: str | None = None,
-        hf_name: str | None = None,
-        hf_config: str | None = None,
-        hf_path: str | None = None,
-        hf_revision: str | None = None,
-        hf_data_dir: str | None = None,
-        download: bool = True,
         prepare_per_node: bool = True,
         corpora: list[dict[str, Any]] | None = None,
         target_token: bool = False,
         spm_sampling: dict[str, Any] | None = None,
+        **source_options: Any,
     ) -> None:
         super().__init__()
-        check_batching(max_len, max_tokens, batch_size, num_buckets, eval_max_tokens)
+        if unknown := sorted(set(source_options) - set(SOURCE_KEYS)):
+            raise ValueError(
+                f"unknown data option(s) {unknown}: the data options are the keys of "
+                f"transformer/configs/data/_shared.yaml and a source's own, {SOURCE_KEYS}"
+            )
+        source_options = {k: d for k, (_, d) in self.keyword_options.items()} | source_options
+        check_batching(max_len, max_tokens, batch_size, num_buckets, validation_max_tokens)
         if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
             raise ValueError(
                 f"data.num_workers={num_workers!r}: give the number of loader processes, 0 or "
@@ -97,13 +107,12 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         # Lightning's switch: True builds the caches on every node (local disks), False on the
         # first node only (a cache_dir on a file system all nodes share).
         self.prepare_data_per_node = prepare_per_node
-        self.source_name, self.root = source, root
+        self.source_name, self.root = source, source_options["root"]
         self.src_lang, self.tgt_lang = src_lang, tgt_lang
         self.vocab_size, self.joint_vocab = vocab_size, joint_vocab
         self.max_tokens, self.batch_size, self.max_len = max_tokens, batch_size, max_len
-        # Validation and test batches (training's validation.max_tokens): larger ones keep a GPU
-        # busy while validation decodes.
-        self.eval_max_tokens = eval_max_tokens or max_tokens
+        # Validation and test batches: larger ones keep a GPU busy while validation decodes.
+        self.validation_max_tokens = validation_max_tokens or max_tokens
         self.pad_to_multiple, self.num_workers, self.seed = pad_to_multiple, num_workers, seed
         self.num_buckets, self.cache_dir = num_buckets, Path(cache_dir)
         # Built now (reading nothing), so that their checks of the options run before data work.
@@ -211,6 +220,16 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         )
 
 
+# Data settings that checkpoints of earlier versions store under another name -> the name now
+RENAMED_SETTINGS = {"eval_max_tokens": "validation_max_tokens"}
+
+
+def stored_settings(ckpt: Mapping[str, Any]) -> dict[str, Any]:
+    """A checkpoint's data settings (``datamodule_hyper_parameters``) under today's names."""
+    settings = ckpt.get("datamodule_hyper_parameters") or {}
+    return {RENAMED_SETTINGS.get(key, key): value for key, value in settings.items()}
+
+
 def checkpoint_texts(
     ckpt: Mapping[str, Any], given: Mapping[str, Any], missing: UserError, invalid: str
 ) -> CorpusTexts:
@@ -219,7 +238,7 @@ def checkpoint_texts(
     is raised where it records no corpus (none, or an imported model's languages alone) and
     ``given`` names no ``source``; an invalid option is a :class:`ConfigError`: ``invalid``, then
     the data module's message."""
-    settings = dict(ckpt.get("datamodule_hyper_parameters") or {})
+    settings = stored_settings(ckpt)
     if "source" not in settings and "source" not in given:  # none, or an imported model's
         raise missing
     try:

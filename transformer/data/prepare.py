@@ -70,7 +70,7 @@ def check_batching(
     max_tokens: int | None,
     batch_size: int | None,
     num_buckets: int,
-    eval_max_tokens: int | None,
+    validation_max_tokens: int | None,
 ) -> None:
     """The data module's batching options, checked together (a ValueError names the fault)."""
     if max_len < 1:
@@ -86,9 +86,11 @@ def check_batching(
         raise ValueError(
             f"num_buckets must be a count >= 0 (0: no shape buckets), got {num_buckets!r}"
         )
-    if eval_max_tokens is not None and (max_tokens is None or eval_max_tokens < max_len + 1):
+    if validation_max_tokens is not None and (
+        max_tokens is None or validation_max_tokens < max_len + 1
+    ):
         raise ValueError(
-            f"validation.max_tokens={eval_max_tokens} needs token-budget batches "
+            f"validation.max_tokens={validation_max_tokens} needs token-budget batches "
             f"(data.max_tokens) and room for one sentence of max_len={max_len} pieces (+1); "
             "raise it, or set it to null (data.max_tokens)"
         )

@@ -47,7 +47,7 @@ def build_datamodule(cfg: DictConfig) -> L.LightningDataModule:
     """Construct the data module (which checks its options and touches no data yet); an invalid
     data option becomes a ConfigError with the module's own message."""
     try:
-        return instantiate(cfg.data, eval_max_tokens=validation_tokens(cfg))
+        return instantiate(cfg.data, validation_max_tokens=validation_tokens(cfg))
     except InstantiationException as err:
         cause = err.__cause__ if err.__cause__ is not None else err
         raise ConfigError(f"invalid data option (data.*): {cause}") from err
