@@ -260,9 +260,11 @@ def test_a_source_option_is_declared_by_its_source_alone(corpus_dir, dm_kwargs) 
     no source declares is refused by name."""
     import inspect
 
-    from transformer.data.corpora import SOURCE_KEYS
+    from transformer.data.corpora import SOURCE_OPTIONS
 
-    assert not set(SOURCE_KEYS) & set(inspect.signature(dm_module.TranslationDataModule).parameters)
+    assert not set(SOURCE_OPTIONS) & set(
+        inspect.signature(dm_module.TranslationDataModule).parameters
+    )
     dm = dm_module.TranslationDataModule(source="local", root=str(corpus_dir), **dm_kwargs)
     assert dm.corpora[0].source.root == corpus_dir and dm.hparams["root"] == str(corpus_dir)
     with pytest.raises(ValueError, match=r"unknown data option\(s\) \['hf_nmae'\].*'hf_name'"):

@@ -65,8 +65,9 @@ def _local(opts: Mapping[str, Any]) -> CorpusSource:
     return LocalSource(opts["root"], opts["src_lang"], opts["tgt_lang"])
 
 
-# Each option that only some sources read (their kind's ``options``): its type (checked before
-# any work, as an annotation is) and its value where none is given
+# Each option that only some sources read (their kind's ``options``; the data module takes them
+# as one mapping): its type (checked before any work, as an annotation is) and its value where
+# none is given
 SOURCE_OPTIONS: dict[str, tuple[Any, Any]] = {
     "root": (str | None, "data/multi30k"),
     "download": (bool, True),
@@ -88,11 +89,9 @@ SOURCES = {  # data.source -> its kind
     ),
     "local": SourceKind(_local, ("train", "val", "test"), ("root",), needs_root=True),
 }
-# The keys that only some sources read (data.root, data.hf_name, ...), as SOURCES uses them: the
-# data module takes them as one mapping
-SOURCE_KEYS = tuple(dict.fromkeys(k for kind in SOURCES.values() for k in kind.options))
-# What an entry of data.corpora may set for itself; missing keys come from data.*
-CORPUS_KEYS = (*COMMON_KEYS, *SOURCE_KEYS)
+# What an entry of data.corpora may set for itself; missing keys come from data.*: the keys of
+# every source, and those that a source of SOURCES reads (a test holds the two together)
+CORPUS_KEYS = (*COMMON_KEYS, *SOURCE_OPTIONS)
 ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
 # What names a run's corpus, for every source: a resume must keep it
 CORPUS_IDENTITY = COMMON_KEYS[:3] + tuple(k for kind in SOURCES.values() for k in kind.identifies)

@@ -12,7 +12,7 @@ from typing import Any
 import lightning as L
 
 from transformer.data.batches import Batches
-from transformer.data.corpora import SOURCE_KEYS, SOURCE_OPTIONS, Corpus, CorpusTexts, make_corpora
+from transformer.data.corpora import SOURCE_OPTIONS, Corpus, CorpusTexts, make_corpora
 from transformer.data.prepare import check_batching, prepare, tokenizer_files
 from transformer.data.sampler import TokenBudgetBatchSampler
 from transformer.data.subword_sampling import sampling_options
@@ -56,7 +56,7 @@ class TranslationDataModule(Batches, L.LightningDataModule):
 
     # The options its **source_options takes: (type, default), as a parameter's annotation
     # and default say them (transformer.option_types reads both)
-    keyword_options = {key: SOURCE_OPTIONS[key] for key in SOURCE_KEYS}
+    keyword_options = SOURCE_OPTIONS
 
     def __init__(
         self,
@@ -86,10 +86,11 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         **source_options: Any,
     ) -> None:
         super().__init__()
-        if unknown := sorted(set(source_options) - set(SOURCE_KEYS)):
+        if unknown := sorted(set(source_options) - set(self.keyword_options)):
             raise ValueError(
                 f"unknown data option(s) {unknown}: the data options are the keys of "
-                f"transformer/configs/data/_shared.yaml and a source's own, {SOURCE_KEYS}"
+                f"transformer/configs/data/_shared.yaml and a source's own, "
+                f"{tuple(self.keyword_options)}"
             )
         source_options = {k: d for k, (_, d) in self.keyword_options.items()} | source_options
         check_batching(max_len, max_tokens, batch_size, num_buckets, validation_max_tokens)
