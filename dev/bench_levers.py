@@ -48,7 +48,7 @@ SCORED = ("val", *TEST_SETS)  # val to choose by (beam 5, the whole set); the te
 ATTNDROP = ["model.attention_dropout=0.1", "model.activation_dropout=0.1"]
 
 # The research features of 2026-11-26, levers of both recipes: subword regularisation
-# (docs/data.md) and position encodings (the recipes: sinusoidal; docs/experiments/positions.md).
+# (docs/data.md) and position encodings (docs/experiments/positions.md; below, for each recipe).
 RESEARCH_LEVERS: dict[str, list[str]] = {
     # subword regularisation (docs/data.md): Kudo (2018)'s small-corpus setting, the 64 best
     # segmentations at alpha 0.1; on Multi30k 1.1x the pieces (the whole lattice at 0.1: 1.9-2x),
@@ -62,7 +62,6 @@ RESEARCH_LEVERS: dict[str, list[str]] = {
     "bpe_dropout": ["data.spm_model_type=bpe", "data.spm_sampling.alpha=0.1"],
     # position encodings
     "learned": ["model.positions=learned"],
-    "rope": ["model.positions=rope"],
     "relative": ["model.positions=relative"],
 }
 
@@ -95,6 +94,7 @@ LEVERS: dict[str, list[str]] = {
     # half the recipe's 4096-token batches: twice the updates for the same tokens, each noisier
     "tokens2048": ["data.max_tokens=2048"],
     **RESEARCH_LEVERS,
+    "sinusoidal": ["model.positions=sinusoidal"],  # the recipe before 2026-11-28 (now RoPE)
 }
 
 
@@ -112,6 +112,7 @@ GPU_LEVERS: dict[str, list[str]] = {
     "attndrop0.1": ATTNDROP,
     "ls0.2": ["loss.label_smoothing=0.2"],
     **RESEARCH_LEVERS,
+    "rope": ["model.positions=rope"],  # the CPU recipe's positions (the GPU recipe: sinusoidal)
 }
 # Every GPU run: cheaper validation (val/bleu is monitoring here, not the score), no maps.
 GPU_COMMON = ["validation.bleu_sentences=300", "~callbacks.attention_maps"]

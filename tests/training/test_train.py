@@ -96,7 +96,8 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     assert cpu.trainer.max_epochs == cpu.trainer.max_steps == -1  # the time alone ends it
     assert cpu.trainer.precision == "auto"  # bf16-mixed on CPUs with bf16 instructions
     assert cpu.optim.scheduler.shape == "wsd" and cpu.optim.scheduler.min_lr_ratio == 0
-    assert cpu.model == OmegaConf.merge(gpu.model, {"dropout": 0.2})  # the one model change
+    # the two model changes: less dropout for the hour, RoPE (docs/experiments/positions.md)
+    assert cpu.model == OmegaConf.merge(gpu.model, {"dropout": 0.2, "positions": "rope"})
     assert cpu.data == gpu.data and cpu.callbacks == gpu.callbacks
     other = compose_cfg(["experiment=multi30k_en_de_cpu", "data.src_lang=de", "data.tgt_lang=en"])
     assert other.experiment_name == "multi30k_de_en_cpu"
