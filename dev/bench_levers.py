@@ -93,6 +93,9 @@ LEVERS: dict[str, list[str]] = {
     "lr1e-2": ["optim.optimizer.lr=1.0e-2"],
     # half the recipe's 4096-token batches: twice the updates for the same tokens, each noisier
     "tokens2048": ["data.max_tokens=2048"],
+    # post-norm: each sublayer's LayerNorm after its residual sum (the original Transformer's and
+    # fairseq's default; the recipe: pre-norm), no final LayerNorm
+    "postnorm": ["model.norm_first=false"],
     **RESEARCH_LEVERS,
     "sinusoidal": ["model.positions=sinusoidal"],  # the recipe before 2026-11-28 (now RoPE)
 }
