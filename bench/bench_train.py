@@ -312,7 +312,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--warmup", type=int, default=2, help="extra untimed steps on the first batch")
     p.add_argument(
         "--profile-steps", type=int, default=20,
-        help="steps of ours (and each variant) profiled for the time by category",
+        help="steps of ours (and each variant) profiled for the time by category (0: none)",
     )  # fmt: skip
     p.add_argument(
         "--padding-only", action="store_true",
@@ -327,6 +327,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the tiny preset on CPU, 4 timed batches: every code path in seconds",
     )  # fmt: skip
     args = p.parse_args(argv)
+    if args.profile_steps < 0:
+        p.error(f"--profile-steps {args.profile_steps}: a number of steps, 0 or more")
     if args.dry_run:
         args.preset, args.device, args.steps, args.warmup = "tiny", "cpu", 4, 1
         args.profile_steps = min(args.profile_steps, 2)
@@ -412,7 +414,7 @@ class Run:
         before or after its step as the batch's turn orders them."""
         steps = plan(timed, args.warmup, args.profile_steps)
         order = [name, *(self.peers if with_peers else [])]
-        first_category = next(k for k, s in enumerate(steps) if s.phase == "categories")
+        first_category = next((k for k, s in enumerate(steps) if s.phase == "categories"), None)
         state: dict[str, object] = {}
 
         def turn(k: int) -> tuple[list[str], int]:
@@ -444,7 +446,7 @@ class Run:
                 names, mine = turn(k)
                 for position, peer in enumerate(names[mine + 1 :], start=mine + 1):
                     self.peer(peer, steps[k], timed[steps[k].batch], position)
-            if k == len(steps) - 1:
+            if k == len(steps) - 1 and first_category is not None:
                 prof = state["categories"]
                 prof.__exit__(None, None, None)
                 self.categories[name] = categories(prof, self.device)

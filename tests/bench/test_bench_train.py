@@ -234,6 +234,14 @@ def test_the_time_by_category_adds_up_to_the_profiled_steps(dry) -> None:
 
 
 @pytest.mark.slow
+def test_no_profiled_steps_leaves_the_time_by_category_out(capsys) -> None:
+    result = main(["--dry-run", "--no-peers", "--profile-steps", "0"])
+    assert result.rows[0].name == "ours" and result.rows[0].tokens_per_s > 0
+    assert result.rows[0].categories is None
+    assert "by category" not in capsys.readouterr().out
+
+
+@pytest.mark.slow
 def test_the_attention_backend_that_ran_is_named(dry) -> None:
     """From the operators of a profiled step: the peer calls SDPA once per attention layer (2
     encoder self-attention, 2 decoder self- and 2 cross-attention)."""
