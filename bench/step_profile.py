@@ -2,8 +2,8 @@
 share, host time and SDPA backend (:class:`StepProfile`), and over many steps the time of each
 category of work (:func:`categories`).
 
-Categories, each kernel (on CPU: each aten op that calls no other, standing for one) counted in
-the first that holds it:
+Categories, each kernel (on CPU: each operator's own time, outside the operators it calls) counted
+in the first that holds it:
 
 - ``optimizer``: a multi-tensor operator (``_foreach_*``, ``_fused_*``; not the autocast weights'
   ``_foreach_copy_``): AdamW and gradient clipping;
@@ -15,8 +15,8 @@ the first that holds it:
   they call;
 - ``norms and elementwise``: everything else (layer norms, dropout, residual adds, casts,
   embeddings, masks);
-- ``host gaps``: the steps' time when no kernel runs (on CPU: outside the operators that call no
-  other), the host issuing work or waiting.
+- ``host gaps``: the steps' time when no kernel runs (on CPU: outside every operator's own time),
+  the host issuing work or waiting.
 """
 
 from __future__ import annotations
@@ -140,11 +140,11 @@ def categories(prof: torch.profiler.profile, device: torch.device) -> dict[str, 
             for start, end in windows
         )
         totals["host gaps"] = span - busy
-    else:
-        leaves = _leaves(in_steps)
-        for op in leaves:
-            totals[_category(op)] += op.cpu_time_total
-        totals["host gaps"] = span - sum(op.cpu_time_total for op in leaves)
+    else:  # an operator's own time: aten::mm calls aten::resolve_conj, and computes itself
+        ops = [e for e in in_steps if _operator(e)]
+        for op in ops:
+            totals[_category(op)] += op.self_cpu_time_total
+        totals["host gaps"] = span - sum(op.self_cpu_time_total for op in ops)
     out = {name: us / len(marks) / 1e3 for name, us in totals.items()}
     return out | {"steps": len(marks)}
 

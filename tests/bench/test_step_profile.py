@@ -1,0 +1,28 @@
+"""The time of a CPU step by category: each operator's own time goes to its category, and only
+the time outside every operator is a host gap."""
+
+from __future__ import annotations
+
+import torch
+
+from bench.step_profile import CATEGORIES, STEP_MARK, categories, profiler
+
+
+def test_a_cpu_step_of_matrix_products_is_counted_as_matrix_products() -> None:
+    """aten::mm calls aten::resolve_conj and does its work itself: its time is matrix products,
+    not a host gap (nor lost with the operators that call others)."""
+    torch.manual_seed(0)
+    w = torch.randn(512, 512, requires_grad=True)
+    x = torch.randn(1024, 512)
+    cpu = torch.device("cpu")
+    (x @ w).relu().sum().backward()  # the first call's setup outside the profile
+    with profiler(cpu) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function(STEP_MARK):
+                (x @ w).relu().sum().backward()
+    split = categories(prof, cpu)
+    total = sum(split[c] for c in CATEGORIES)
+    assert split["steps"] == 2
+    assert split["matrix products"] > 0.5 * total, split  # three 1024x512x512 products a step
+    assert split["matrix products"] > 5 * split["host gaps"], split
+    assert min(split[c] for c in CATEGORIES) >= 0
