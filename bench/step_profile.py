@@ -17,6 +17,11 @@ in the first that holds it:
   embeddings, masks);
 - ``host gaps``: the steps' time when no kernel runs (on CPU: outside every operator's own time),
   the host issuing work or waiting.
+
+On CPU the kernels inductor generates for a compiled graph are no operators to the profiler: their
+time is the own time of the range that calls the graph (``## Call CompiledFxGraph ...``, its
+Python wrapper included), counted in its category like an operator's (norms and elementwise,
+unless a loss holds it).
 """
 
 from __future__ import annotations
@@ -55,6 +60,7 @@ MATRIX_PRODUCTS = (
     "aten::linear",
     "aten::matmul",
 )
+COMPILED_GRAPH = "## Call CompiledFxGraph"  # the range around a compiled graph's kernels
 ATTENTION_OPS = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
 
 
@@ -141,7 +147,7 @@ def categories(prof: torch.profiler.profile, device: torch.device) -> dict[str, 
         )
         totals["host gaps"] = span - busy
     else:  # an operator's own time: aten::mm calls aten::resolve_conj, and computes itself
-        ops = [e for e in in_steps if _operator(e)]
+        ops = [e for e in in_steps if _operator(e) or e.name.startswith(COMPILED_GRAPH)]
         for op in ops:
             totals[_category(op)] += op.self_cpu_time_total
         totals["host gaps"] = span - sum(op.self_cpu_time_total for op in ops)

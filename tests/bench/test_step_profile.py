@@ -3,6 +3,7 @@ the time outside every operator is a host gap."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 
 from bench.step_profile import CATEGORIES, STEP_MARK, categories, profiler
@@ -26,3 +27,20 @@ def test_a_cpu_step_of_matrix_products_is_counted_as_matrix_products() -> None:
     assert split["matrix products"] > 0.5 * total, split  # three 1024x512x512 products a step
     assert split["matrix products"] > 5 * split["host gaps"], split
     assert min(split[c] for c in CATEGORIES) >= 0
+
+
+@pytest.mark.slow
+def test_a_compiled_graphs_fused_kernels_are_work_not_host_gaps() -> None:
+    """Inductor's fused kernels are no operators to the profiler: the graph's own time is
+    counted as elementwise work, the matrix product it calls as a matrix product."""
+    step = torch.compile(lambda x, w: ((x @ w).relu() * x.sin() + x.cos().exp()).tanh().mean())
+    x, w = torch.randn(4096, 1024), torch.randn(1024, 1024)
+    cpu = torch.device("cpu")
+    step(x, w)  # compiled outside the profile
+    with profiler(cpu) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function(STEP_MARK):
+                step(x, w)
+    split = categories(prof, cpu)
+    assert split["matrix products"] > 0 and split["norms and elementwise"] > 0, split
+    assert split["host gaps"] < 0.5 * split["norms and elementwise"], split
