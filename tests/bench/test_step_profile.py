@@ -3,10 +3,25 @@ the time outside every operator is a host gap."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import pytest
 import torch
 
 from bench.step_profile import CATEGORIES, STEP_MARK, categories, profiler
+
+CPU = torch.device("cpu")
+
+
+def split_of_two_steps(step: Callable[[], object]) -> dict[str, float]:
+    """:func:`categories` of two CPU steps, after one outside the profile (its first call's
+    setup, or compilation)."""
+    step()
+    with profiler(CPU) as prof:
+        for _ in range(2):
+            with torch.profiler.record_function(STEP_MARK):
+                step()
+    return categories(prof, CPU)
 
 
 def test_a_cpu_step_of_matrix_products_is_counted_as_matrix_products() -> None:
@@ -15,13 +30,7 @@ def test_a_cpu_step_of_matrix_products_is_counted_as_matrix_products() -> None:
     torch.manual_seed(0)
     w = torch.randn(512, 512, requires_grad=True)
     x = torch.randn(1024, 512)
-    cpu = torch.device("cpu")
-    (x @ w).relu().sum().backward()  # the first call's setup outside the profile
-    with profiler(cpu) as prof:
-        for _ in range(2):
-            with torch.profiler.record_function(STEP_MARK):
-                (x @ w).relu().sum().backward()
-    split = categories(prof, cpu)
+    split = split_of_two_steps(lambda: (x @ w).relu().sum().backward())
     total = sum(split[c] for c in CATEGORIES)
     assert split["steps"] == 2
     assert split["matrix products"] > 0.5 * total, split  # two 1024x512x512 products
@@ -35,12 +44,6 @@ def test_a_compiled_graphs_fused_kernels_are_work_not_host_gaps() -> None:
     counted as elementwise work, the matrix product it calls as a matrix product."""
     step = torch.compile(lambda x, w: ((x @ w).relu() * x.sin() + x.cos().exp()).tanh().mean())
     x, w = torch.randn(4096, 1024), torch.randn(1024, 1024)
-    cpu = torch.device("cpu")
-    step(x, w)  # compiled outside the profile
-    with profiler(cpu) as prof:
-        for _ in range(2):
-            with torch.profiler.record_function(STEP_MARK):
-                step(x, w)
-    split = categories(prof, cpu)
+    split = split_of_two_steps(lambda: step(x, w))
     assert split["matrix products"] > 0 and split["norms and elementwise"] > 0, split
     assert split["host gaps"] < 0.5 * split["norms and elementwise"], split
