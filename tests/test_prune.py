@@ -4,8 +4,10 @@ state; bad requests are refused by name."""
 
 from __future__ import annotations
 
+import copy
 import io
 import json
+from functools import partial
 
 import pytest
 import torch
@@ -25,6 +27,7 @@ from transformer.model import ATTENTION_TYPES, Transformer
 from transformer.prune import least_important, main, parse_heads, prune_checkpoint
 from transformer.surgery import prune_model, restore_heads
 from transformer.training import train
+from transformer.training.muon import MuonAdamW
 from transformer.training.optim import build_optimizer
 from transformer.translate import Translator
 
@@ -152,6 +155,27 @@ def test_a_pruned_checkpoint_trains_on_as_the_masked_model_would() -> None:
     theirs = expected.state_dict()
     for name, ours in pruned.state_dict().items():
         torch.testing.assert_close(ours, theirs[name], atol=1e-6, rtol=1e-5)
+
+
+def test_muon_moments_are_cut_as_their_weights_are() -> None:
+    """optim=muon_wsd's state (Muon's momentum on the matrices, AdamW's moments on the rest) comes
+    out of pruning as the pruned model's optimizer numbers it, each moment cut as its weight."""
+    full, (src, tgt) = tiny_model(V, num_kv_heads=2).train(), batch()
+    optimizer = build_optimizer(full, partial(MuonAdamW, lr=1e-2), 0.0)
+    step(full, optimizer, src, tgt)
+    ckpt = prune_checkpoint(checkpoint(full, optimizer), HEADS)
+    pruned = model_from_checkpoint(ckpt)
+    pruned_optimizer = build_optimizer(pruned, partial(MuonAdamW, lr=1e-2), 0.0)
+    pruned_optimizer.load_state_dict(ckpt["optimizer_states"][0])
+    names = {id(p): name for name, p in pruned.named_parameters()}
+    for key in ("momentum_buffer", "exp_avg"):  # Muon's, AdamW's
+        moments = copy.deepcopy(full)  # a model whose weights are the moments
+        with torch.no_grad():
+            for p, m in zip(full.parameters(), moments.parameters(), strict=True):
+                m.copy_(optimizer.state[p].get(key, torch.zeros_like(m)))
+        want = prune_model(moments, HEADS).state_dict()
+        cut = {names[id(p)]: s[key] for p, s in pruned_optimizer.state.items() if key in s}
+        assert cut and all(torch.equal(m, want[name]) for name, m in cut.items())
 
 
 def test_whole_groups_by_share_and_bad_requests_refused_by_name() -> None:

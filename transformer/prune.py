@@ -43,6 +43,7 @@ from transformer.surgery import (
     pruned_config,
     selection,
 )
+from transformer.training.muon import muon_groups
 from transformer.training.optim import param_groups
 from transformer.translate import Translator
 
@@ -72,11 +73,33 @@ def parse_heads(spec: str) -> list[HeadKey]:
 def _prune_optimizer(
     state: dict[str, Any], model: Transformer, kept: Selection, path: str
 ) -> dict[str, Any]:
-    """An AdamW state (``optimizer.state_dict()``) for the pruned weights: the moments of each
-    pruned matrix cut as the matrix is. Parameters are numbered in the order
-    :func:`transformer.training.optim.param_groups` gives them, as training built the optimizer."""
+    """An optimizer state (``optimizer.state_dict()``) for the pruned weights: AdamW's, or
+    ``optim=muon_wsd``'s (:class:`transformer.training.muon.MuonAdamW`: Muon's and AdamW's), each
+    moment of a pruned matrix cut as the matrix is."""
+    groups = param_groups(model, 0.0)
+    if set(state) == {"muon", "adamw"}:
+        groups = muon_groups(groups)
+        muon = [g for g in groups if g.get("muon")]
+        rest = [g for g in groups if not g.get("muon")]
+        return {
+            "muon": _prune_moments(state["muon"], model, kept, path, muon),
+            "adamw": _prune_moments(state["adamw"], model, kept, path, rest),
+        }
+    return _prune_moments(state, model, kept, path, groups)
+
+
+def _prune_moments(
+    state: dict[str, Any],
+    model: Transformer,
+    kept: Selection,
+    path: str,
+    groups: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """One torch optimizer's state with its moments cut. Its parameters are numbered in the
+    order of ``groups`` (:func:`transformer.training.optim.param_groups`), as training built
+    the optimizer."""
     names = {id(p): name for name, p in model.named_parameters()}
-    order = [names[id(p)] for group in param_groups(model, 0.0) for p in group["params"]]
+    order = [names[id(p)] for group in groups for p in group["params"]]
     saved = [i for group in state["param_groups"] for i in group["params"]]
     if len(saved) != len(order):
         raise CheckpointError(

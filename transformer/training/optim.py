@@ -26,6 +26,7 @@ from torch.optim import Optimizer
 from torch.optim.lr_scheduler import LambdaLR
 
 from transformer.training.budget import budget_progress, warn_if_epochs_end_first
+from transformer.training.muon import MuonAdamW, muon_groups
 
 
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
@@ -83,7 +84,10 @@ def build_optimizer(
     if fused is None and on_cuda and not sharded_fp16:
         if "fused" in inspect.signature(target).parameters:
             kwargs["fused"] = True
-    return optimizer(param_groups(model, weight_decay), **kwargs)
+    groups = param_groups(model, weight_decay)
+    if isinstance(target, type) and issubclass(target, MuonAdamW):
+        groups = muon_groups(groups)
+    return optimizer(groups, **kwargs)
 
 
 def gradient_norm(optimizer: Optimizer) -> Tensor:
