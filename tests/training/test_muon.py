@@ -8,6 +8,7 @@ from functools import partial
 import pytest
 import torch
 
+from tests.test_faults import poison_gradients
 from tests.tiny import compose_cfg, logged, tiny_model, tiny_overrides
 from transformer.checkpoints import load_checkpoint
 from transformer.training import train
@@ -106,3 +107,18 @@ def test_muon_run_learns_and_resumes_exactly(corpus, tmp_path):
     assert logged(part, "lr") + logged(resumed, "lr") == pytest.approx(logged(full, "lr"), abs=0)
     halves = logged(part, "train/loss") + logged(resumed, "train/loss")
     assert halves == pytest.approx(losses, abs=1e-6)
+
+
+@pytest.mark.slow
+def test_nan_gradients_skip_the_step_for_both(corpus, tmp_path, monkeypatch):
+    """Two steps of NaN or inf gradients: neither Muon's momentum nor AdamW's moments take them,
+    and AdamW counts the 6 updates made of 8 steps."""
+    poison_gradients(monkeypatch, {3, 4})
+    overrides = [*tiny_overrides(corpus), "optim=muon_wsd", "trainer.max_steps=8"]
+    metrics = train(compose_cfg(overrides, tmp_path))
+    assert metrics["train/skipped_steps"] == 2
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
+    muon, adamw = (ckpt["optimizer_states"][0][k]["state"].values() for k in ("muon", "adamw"))
+    assert muon and all(torch.isfinite(s["momentum_buffer"]).all() for s in muon)
+    assert {float(s["step"]) for s in adamw} == {6.0}
