@@ -45,6 +45,15 @@ def orthogonalise(g: Tensor, steps: int, dtype: torch.dtype, eps: float = 1e-7) 
     return (x.mT if tall else x).to(g.dtype)
 
 
+def closure_loss(closure: Callable[[], float] | None) -> float | None:
+    """A step's closure run with gradients (the loss it returns), as torch's optimizers run it;
+    None without one."""
+    if closure is None:
+        return None
+    with torch.enable_grad():
+        return closure()
+
+
 class Muon(Optimizer):
     """torch.optim.Muon's update on 2-D parameters, batched by shape, each update scaled to
     AdamW's RMS. ``ns_dtype``: the Newton-Schulz iterations' dtype; None = bfloat16 on CUDA (as
@@ -69,10 +78,7 @@ class Muon(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         for group in self.param_groups:
             by_shape: dict[tuple[torch.Size, torch.device], list[Tensor]] = defaultdict(list)
             for p in group["params"]:
@@ -159,10 +165,7 @@ class MuonAdamW(Optimizer):
 
     @torch.no_grad()
     def step(self, closure: Callable[[], float] | None = None) -> float | None:
-        loss = None
-        if closure is not None:
-            with torch.enable_grad():
-                loss = closure()
+        loss = closure_loss(closure)
         self.muon.step()
         self.adamw.step()
         return loss
