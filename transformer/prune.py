@@ -43,7 +43,7 @@ from transformer.surgery import (
     pruned_config,
     selection,
 )
-from transformer.training.muon import muon_groups
+from transformer.training.muon import muon_groups, split_groups
 from transformer.training.optim import param_groups
 from transformer.translate import Translator
 
@@ -78,9 +78,7 @@ def _prune_optimizer(
     moment of a pruned matrix cut as the matrix is."""
     groups = param_groups(model, 0.0)
     if set(state) == {"muon", "adamw"}:
-        groups = muon_groups(groups)
-        muon = [g for g in groups if g.get("muon")]
-        rest = [g for g in groups if not g.get("muon")]
+        muon, rest = split_groups(muon_groups(groups))
         return {
             "muon": _prune_moments(state["muon"], model, kept, path, muon),
             "adamw": _prune_moments(state["adamw"], model, kept, path, rest),

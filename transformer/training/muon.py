@@ -127,10 +127,7 @@ class MuonAdamW(Optimizer):
         ns_steps: int = 5,
         fused: bool | None = None,
     ) -> None:
-        matrices: list[dict[str, Any]] = []
-        others: list[dict[str, Any]] = []
-        for group in map(dict, params):
-            (matrices if group.pop("muon", False) else others).append(group)
+        matrices, others = split_groups(params)
         flat = [tuple(p.shape) for g in matrices for p in g["params"] if p.dim() != 2]
         if flat or not any(g["params"] for g in matrices):
             raise ValueError(
@@ -183,6 +180,18 @@ class MuonAdamW(Optimizer):
         self.muon.load_state_dict(state_dict["muon"])
         self.adamw.load_state_dict(state_dict["adamw"])
         self._share()
+
+
+def split_groups(
+    groups: Iterable[dict[str, Any]],
+) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Copies of the groups marked ``"muon": True`` (the mark dropped), and of the others, each
+    in order: Muon's and AdamW's, as :class:`MuonAdamW` numbers their parameters."""
+    matrices: list[dict[str, Any]] = []
+    others: list[dict[str, Any]] = []
+    for group in map(dict, groups):
+        (matrices if group.pop("muon", False) else others).append(group)
+    return matrices, others
 
 
 def muon_groups(groups: list[dict[str, Any]]) -> list[dict[str, Any]]:
