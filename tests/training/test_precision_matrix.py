@@ -19,6 +19,7 @@ import pytest
 import torch
 
 from tests.tiny import compose_cfg, logged, tiny_overrides
+from transformer import precision
 from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
 from transformer.training import train, trainer
@@ -106,33 +107,48 @@ def test_unknown_compile_backend_is_named_before_data_work(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "setting, fast_bf16, want",
+    "setting, speedup, want, reason",
     [
-        ("auto", True, "bf16-mixed"),
-        ("auto", False, "32-true"),
-        ("32-true", True, "32-true"),
-        ("bf16-mixed", False, "bf16-mixed"),
-        ("16-mixed", True, "16-mixed"),
+        ("auto", 2.4, "bf16-mixed", "multiplies bf16 matrices at 2.40x float32's speed"),
+        ("auto", 1.1, "32-true", "multiplies bf16 matrices at 1.10x float32's speed"),
+        ("auto", 0.52, "32-true", "multiplies bf16 matrices at 0.52x float32's speed"),
+        ("auto", None, "32-true", "has no bf16 instructions"),
+        ("32-true", 2.4, "32-true", None),
+        ("bf16-mixed", None, "bf16-mixed", None),
+        ("16-mixed", 2.4, "16-mixed", None),
     ],
 )
-def test_auto_precision_on_cpu_is_bf16_mixed_only_with_bf16_instructions(
-    setting, fast_bf16, want, monkeypatch, caplog
+def test_auto_precision_on_cpu_is_bf16_mixed_only_where_bf16_products_are_faster(
+    setting, speedup, want, reason, monkeypatch, caplog
 ):
-    """``auto`` on CPU follows the CPU's bf16 instructions (detection stubbed), says so in the
-    log, and any explicit value wins."""
-    monkeypatch.setattr(trainer, "cpu_has_fast_bf16", lambda: fast_bf16)
+    """``auto`` on CPU picks bf16-mixed only where the CPU multiplies bf16 matrices clearly
+    faster than float32 ones (the measurement stubbed): not where it has bf16 instructions that
+    are slower, nor where it has none; the log says which and why, and any explicit value wins."""
+    monkeypatch.setattr(trainer, "cpu_bf16_speedup", lambda: speedup)
     cfg = compose_cfg(["trainer.accelerator=cpu", f"trainer.precision={setting}"])
     with caplog.at_level(logging.INFO, logger="transformer.training.trainer"):
         assert trainer.resolve_precision(cfg.trainer) == want
-    logged_choice = f"trainer.precision=auto: {want}, this CPU has"
-    assert (logged_choice in caplog.text) == (setting == "auto")
+    if reason is None:
+        assert "trainer.precision=auto" not in caplog.text
+    else:
+        assert f"trainer.precision=auto: {want}, this CPU {reason}" in caplog.text
 
 
-def test_cpu_bf16_detection_reads_the_instruction_set():
-    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else None
-    if flags is None:
-        pytest.skip("no /proc/cpuinfo to compare with")
-    assert trainer.cpu_has_fast_bf16() == bool({"avx512_bf16", "amx_bf16"} & set(flags))
+def test_cpu_bf16_speedup_is_measured_only_where_the_cpu_has_bf16_instructions(monkeypatch):
+    """Without AVX512-BF16 or AMX there is nothing to measure (oneDNN emulates bf16); with
+    them, products of both dtypes are timed and their speed ratio returned."""
+    measure = precision.cpu_bf16_speedup.__wrapped__
+    flags = Path("/proc/cpuinfo").read_text().split() if Path("/proc/cpuinfo").is_file() else []
+    if not {"avx512_bf16", "amx_bf16"} & set(flags):
+        assert precision.cpu_bf16_speedup() is None
+    for avx512_bf16, amx in [(False, False), (True, False), (False, True)]:
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        speedup = measure(n=64, repeats=1)
+        if avx512_bf16 or amx:
+            assert speedup is not None and 0 < speedup < math.inf
+        else:
+            assert speedup is None
 
 
 @pytest.mark.parametrize("major, train_precision, decode_dtype", [

@@ -94,7 +94,7 @@ def test_cpu_recipe_is_the_default_experiment_under_a_time_limit(tmp_path):
     gpu, cpu = compose_cfg([], tmp_path), compose_cfg(["experiment=multi30k_en_de_cpu"], tmp_path)
     assert cpu.trainer.max_time == "00:00:54:00" and cpu.experiment_name == "multi30k_en_de_cpu"
     assert cpu.trainer.max_epochs == cpu.trainer.max_steps == -1  # the time alone ends it
-    assert cpu.trainer.precision == "auto"  # bf16-mixed on CPUs with bf16 instructions
+    assert cpu.trainer.precision == "auto"  # bf16-mixed where this CPU multiplies bf16 faster
     assert cpu.optim.scheduler.shape == "wsd" and cpu.optim.scheduler.min_lr_ratio == 0
     # the two model changes: less dropout for the hour, RoPE (docs/experiments/positions.md)
     assert cpu.model == OmegaConf.merge(gpu.model, {"dropout": 0.2, "positions": "rope"})

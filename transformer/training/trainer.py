@@ -16,7 +16,7 @@ from lightning.pytorch.callbacks import ProgressBar
 from lightning.pytorch.plugins import MixedPrecision
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.precision import cuda_has_bf16
+from transformer.precision import BF16_MIN_SPEEDUP, cpu_bf16_speedup, cuda_has_bf16
 from transformer.training.callbacks import AtomicCheckpointIO, WeightEMA
 
 log = logging.getLogger(__name__)
@@ -28,31 +28,30 @@ def on_gpu(trainer_cfg: DictConfig) -> bool:
     return accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
 
 
-def cpu_has_fast_bf16() -> bool:
-    """Whether this CPU has bf16 instructions (AVX512-BF16 or AMX), where bf16-mixed trains
-    faster than float32 (the CPU recipe: 1.33-1.57x a step, README); elsewhere oneDNN emulates
-    bf16 and it is slower. ``torch.backends.cpu.get_cpu_capability()`` cannot tell: it says
-    ``AVX512`` with or without them."""
-    return torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()
-
-
 def resolve_precision(trainer_cfg: DictConfig) -> str:
     """``auto``: bf16-mixed on a GPU that computes bf16 natively (:func:`cuda_has_bf16`; else
-    16-mixed, with a GradScaler); on CPU bf16-mixed where it has bf16 instructions
-    (:func:`cpu_has_fast_bf16`), else 32-true. The choice is logged; any other value is kept as
-    it is."""
+    16-mixed, with a GradScaler); on CPU bf16-mixed where it multiplies bf16 matrices at least
+    ``BF16_MIN_SPEEDUP`` times as fast as float32 ones (:func:`cpu_bf16_speedup`), else 32-true.
+    The choice and its reason are logged; any other value is kept as it is."""
     precision = str(trainer_cfg.get("precision", "auto"))
     if precision != "auto":
         return precision
     if on_gpu(trainer_cfg):
         precision = "bf16-mixed" if cuda_has_bf16() else "16-mixed"
         log.info("trainer.precision=auto: %s on this GPU", precision)
-    elif cpu_has_fast_bf16():
-        precision = "bf16-mixed"
-        log.info("trainer.precision=auto: bf16-mixed, this CPU has bf16 instructions")
-    else:
-        precision = "32-true"
+        return precision
+    speedup = cpu_bf16_speedup()
+    precision = "bf16-mixed" if speedup is not None and speedup >= BF16_MIN_SPEEDUP else "32-true"
+    if speedup is None:
         log.info("trainer.precision=auto: 32-true, this CPU has no bf16 instructions")
+    else:
+        log.info(
+            "trainer.precision=auto: %s, this CPU multiplies bf16 matrices at %.2fx float32's "
+            "speed (bf16-mixed from %.2fx)",
+            precision,
+            speedup,
+            BF16_MIN_SPEEDUP,
+        )
     return precision
 
 
