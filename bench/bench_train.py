@@ -109,10 +109,8 @@ import argparse
 import importlib.metadata
 import importlib.util
 import json
-import math
 import shlex
 import sys
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -155,6 +153,7 @@ from bench.step_profile import (
 from transformer.config import TransformerConfig
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import PAD_ID
+from transformer.precision import cpu_matmul_seconds
 from transformer.training.trainer import precision_dtype, resolve_precision
 
 # Dense TFLOP/s (no sparsity): name fragment of torch.cuda.get_device_name(), bf16, tf32, fp32.
@@ -245,14 +244,7 @@ def peak_tflops(device: torch.device, dtype: str, n: int = 2048, repeats: int = 
                 return fp32 if dtype == "fp32" else bf16
         return None
     torch_dtype = torch.bfloat16 if dtype == "bf16" else torch.float32
-    a = torch.randn(n, n, dtype=torch_dtype)
-    b = torch.randn(n, n, dtype=torch_dtype)
-    best = math.inf
-    for _ in range(repeats + 1):  # the first is a warm-up
-        start = time.perf_counter()
-        a @ b
-        best = min(best, time.perf_counter() - start)
-    return 2 * n**3 / best / 1e12
+    return 2 * n**3 / cpu_matmul_seconds((torch_dtype,), n, repeats)[torch_dtype] / 1e12
 
 
 def build_peers(

@@ -29,23 +29,32 @@ def cuda_has_bf16() -> bool:
 BF16_MIN_SPEEDUP = 1.25  # bf16 products this many times float32's speed: ``auto`` picks bf16-mixed
 
 
-@functools.cache
-def cpu_bf16_speedup(n: int = 2048, repeats: int = 2) -> float | None:
-    """How many times float32's speed this CPU multiplies two n x n bf16 matrices at, with
-    torch's threads (the best of ``repeats`` + 1 timings of each, interleaved); None where it has
-    no bf16 instructions (AVX512-BF16 or AMX), where oneDNN emulates bf16, slowly. Measured once
-    a process. The instructions do not settle it: with AVX512-BF16 and no AMX some CPUs
-    multiply bf16 faster than float32, others slower (docs/training.md)."""
-    if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
-        return None
-    x = {dtype: torch.randn(n, n).to(dtype) for dtype in (torch.float32, torch.bfloat16)}
+def cpu_matmul_seconds(
+    dtypes: tuple[torch.dtype, ...], n: int = 2048, repeats: int = 2
+) -> dict[torch.dtype, float]:
+    """{dtype: the best of ``repeats`` + 1 timings (the first warms up) of an n x n matrix
+    product in it}, on the CPU with torch's threads, the dtypes interleaved."""
+    x = {dtype: torch.randn(n, n).to(dtype) for dtype in dtypes}
     best = dict.fromkeys(x, math.inf)
     for _ in range(repeats + 1):
         for dtype, a in x.items():
             start = time.perf_counter()
             torch.mm(a, a)
             best[dtype] = min(best[dtype], time.perf_counter() - start)
-    return best[torch.float32] / best[torch.bfloat16]
+    return best
+
+
+@functools.cache
+def cpu_bf16_speedup(n: int = 2048, repeats: int = 2) -> float | None:
+    """How many times float32's speed this CPU multiplies two n x n bf16 matrices at
+    (:func:`cpu_matmul_seconds`); None where it has no bf16 instructions (AVX512-BF16 or AMX),
+    where oneDNN emulates bf16, slowly. Measured once a process. The instructions do not settle
+    it: with AVX512-BF16 and no AMX some CPUs multiply bf16 faster than float32, others slower
+    (docs/training.md)."""
+    if not (torch.cpu._is_avx512_bf16_supported() or torch.cpu._is_amx_tile_supported()):
+        return None
+    seconds = cpu_matmul_seconds((torch.float32, torch.bfloat16), n, repeats)
+    return seconds[torch.float32] / seconds[torch.bfloat16]
 
 
 def compute_dtype(x: Tensor) -> torch.dtype:
