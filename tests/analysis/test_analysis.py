@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import json
 import math
+import multiprocessing
+import os
+import time
 
 import pytest
 import torch
@@ -12,6 +15,7 @@ import torch.nn.functional as F
 from tests.tiny import tiny_model
 from transformer.analysis import plots
 from transformer.analysis.callback import AttentionMapsCallback
+from transformer.analysis.figures import Drawing, Drawn, FigureWorker
 from transformer.analysis.heads import (
     HeadEvaluator,
     gradient_importance,
@@ -296,3 +300,25 @@ def test_roles_are_written_beside_the_statistics(tmp_path) -> None:
     table = (tmp_path / "roles.md").read_text()
     role = roles["cross"][1][2]
     assert f"| cross | 1 | 2 | {role} | " in table
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="Linux's scheduling policies")
+@pytest.mark.parametrize("idle", [True, False])
+def test_the_figure_worker_draws_in_idle_cpu_time_unless_told(idle, tmp_path) -> None:
+    """With ``idle`` the worker process runs under SCHED_IDLE, so it takes no CPU time that
+    training could use; without, it competes as any process does."""
+    before = {p.pid for p in multiprocessing.active_children()}
+    worker = FigureWorker(idle=idle)
+    worker.submit(Drawing(7, tmp_path / "step0000007", tmp_path))
+    deadline, done = time.monotonic() + 120, []
+    while not done and time.monotonic() < deadline:
+        done = worker.finished()
+        time.sleep(0.1)
+    try:
+        ((job, drawn),) = done
+        assert job.step == 7 and isinstance(drawn, Drawn)
+        (pid,) = {p.pid for p in multiprocessing.active_children()} - before
+        assert os.sched_getscheduler(pid) == (os.SCHED_IDLE if idle else os.SCHED_OTHER)
+    finally:
+        worker.close()

@@ -53,6 +53,10 @@ class AttentionMapsCallback(Callback):
     Probes are the first ``num_probes`` validation pairs, or ``sentences`` (sources) with
     optional ``references``. Images, tables, charts and HTML go to wandb only (``WandbLogger``);
     every logger gets the scalars; the files are written whatever the loggers.
+
+    The figures and the page are drawn in a worker process (:mod:`transformer.analysis.figures`),
+    with ``draw_when_idle`` only in the CPU time training leaves idle: on a machine whose cores
+    training keeps busy, a map validation's figures are skipped when a newer one comes first.
     """
 
     def __init__(
@@ -67,6 +71,7 @@ class AttentionMapsCallback(Callback):
         num_samples: int = 8,
         max_pieces: int = 40,
         head_scalars: bool = False,
+        draw_when_idle: bool = True,
     ) -> None:
         unknown = [t for t in types if t not in ATTENTION_TYPES]
         if unknown:
@@ -87,7 +92,7 @@ class AttentionMapsCallback(Callback):
         self.max_pieces, self.head_scalars = max_pieces, head_scalars
         self._validations = 0
         self._val_texts: tuple[list[str], list[str]] | None = None
-        self._worker = FigureWorker()
+        self._worker = FigureWorker(idle=draw_when_idle)
         self.drawn: list[int] = []  # steps whose figures were drawn
         self.failures = 0  # map validations whose figures failed
 
@@ -170,10 +175,11 @@ class AttentionMapsCallback(Callback):
         self._log_data(trainer, stats, rows, step)
         replaced = self._worker.submit(job)
         if replaced is not None:
-            log.warning(
-                "attention figures of step %d not drawn: the worker was still drawing an earlier "
-                "step (the maps are in %s/explorer.json and on the explorer page)",
-                replaced.step, replaced.step_dir,
+            log.info(
+                "attention figures of step %d skipped: the worker was still drawing an earlier "
+                "step%s (the maps are in %s/explorer.json and on the explorer page)",
+                replaced.step, " in the CPU time training leaves idle" if self._worker.idle else "",
+                replaced.step_dir,
             )  # fmt: skip
         log.info("attention analysis of step %d written to %s (figures: being drawn)", step, out)
 

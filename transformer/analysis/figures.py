@@ -10,6 +10,7 @@ comes back as its exception, to be reported.
 from __future__ import annotations
 
 import multiprocessing
+import os
 import threading
 from concurrent.futures import ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
@@ -59,17 +60,29 @@ def draw(job: Drawing) -> Drawn:
     return Drawn(images, page, trends)
 
 
-def _single_thread() -> None:
+def _start_worker(idle: bool) -> None:
+    """The worker's start: one thread and, if ``idle``, only the CPU time that training leaves
+    idle (Linux's SCHED_IDLE; elsewhere the lowest priority)."""
     import torch
 
     torch.set_num_threads(1)  # the figures need no parallel tensor work; training needs cores
+    if not idle:
+        return
+    try:
+        os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+    except (AttributeError, OSError):  # not Linux
+        if hasattr(os, "nice"):
+            os.nice(19)
 
 
 class FigureWorker:
     """Draws :class:`Drawing` jobs in a spawned process (started with the first job), in order;
-    :meth:`finished` hands back what is done, :meth:`close` waits for the rest (or stops)."""
+    :meth:`finished` hands back what is done, :meth:`close` waits for the rest (or stops).
+    With ``idle`` the process draws in the CPU time training leaves idle: where training keeps
+    every core busy (a CPU run), it draws little until training ends, and jobs are replaced."""
 
-    def __init__(self) -> None:
+    def __init__(self, idle: bool = True) -> None:
+        self.idle = idle
         self._executor: ProcessPoolExecutor | None = None
         self._lock = threading.Condition()
         self._waiting: Drawing | None = None
@@ -124,7 +137,9 @@ class FigureWorker:
                     return
                 if self._executor is None:
                     spawn = multiprocessing.get_context("spawn")  # no fork of a CUDA process
-                    self._executor = ProcessPoolExecutor(1, spawn, initializer=_single_thread)
+                    self._executor = ProcessPoolExecutor(
+                        1, spawn, initializer=_start_worker, initargs=(self.idle,)
+                    )
                 future = self._executor.submit(draw, job)
             try:
                 result: Drawn | BaseException = future.result()
