@@ -6,6 +6,7 @@ import json
 import math
 import multiprocessing
 import os
+import struct
 import time
 
 import pytest
@@ -25,7 +26,13 @@ from transformer.analysis.heads import (
 from transformer.analysis.heads_report import write_report
 from transformer.analysis.maps import SentenceMaps, capture, capture_probes, translate_probes
 from transformer.analysis.ranks import average_ranks, spearman
-from transformer.analysis.report import draw_maps, map_figures, write_samples, write_stats
+from transformer.analysis.report import (
+    MapFigure,
+    draw_maps,
+    map_figures,
+    write_samples,
+    write_stats,
+)
 from transformer.analysis.roles import ROLES, head_roles
 from transformer.analysis.stats import head_stats
 from transformer.data.tokenizer import BOS_ID, EOS_ID
@@ -141,6 +148,39 @@ def test_head_grid_figure_holds_one_panel_per_head() -> None:
     assert keys == [[], [], list("vwxyz"), list("vwxyz"), list("vwxyz"), list("vwxyz")]
     queries = [shown(ax.get_yticklabels()) for ax in heads]
     assert queries == [list("abc"), [], [], [], list("abc"), []]
+
+
+def test_the_figures_of_one_key_share_the_largest_size_unstretched(tmp_path) -> None:
+    """wandb lays out a key's images at one size: a short probe's grid is drawn at its own size
+    on the canvas of the key's largest, not stretched to it; another key keeps its own size."""
+
+    def figure(name: str, key: str, tq: int, tk: int) -> MapFigure:
+        weights = torch.rand(2, tq, tk).softmax(-1)
+        return MapFigure(tmp_path / f"{name}.png", key, name, name, weights, ["q"] * tq, ["k"] * tk)
+
+    short, long, other = (
+        figure("short", "attn/a", 3, 4),
+        figure("long", "attn/a", 12, 20),
+        figure("other", "attn/b", 3, 4),
+    )
+    images = draw_maps([short, long, other])
+    assert [caption for _, caption in images["attn/a"]] == ["short", "long"]
+
+    def pixels(f: MapFigure) -> tuple[int, int]:  # a PNG's IHDR: width, height
+        return struct.unpack(">II", f.path.read_bytes()[16:24])
+
+    assert pixels(short) == pixels(long)
+    assert pixels(other)[0] < pixels(long)[0] and pixels(other)[1] < pixels(long)[1]
+
+    def first_panel_inches(canvas: tuple[float, float] | None) -> tuple[float, float]:
+        fig = plots.head_grid(
+            short.weights, short.query_pieces, short.key_pieces, "t", canvas=canvas
+        )
+        box, (width, height) = fig.axes[0].get_position(), fig.get_size_inches()
+        return round(box.width * width, 6), round(box.height * height, 6)
+
+    big = plots.grid_inches(2, long.query_pieces, long.key_pieces)
+    assert first_panel_inches(big) == first_panel_inches(None)
 
 
 @pytest.mark.slow

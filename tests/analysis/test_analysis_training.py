@@ -108,7 +108,7 @@ def test_csv_logger_gets_the_head_statistics_as_scalars_when_asked(csv_run) -> N
 
 @pytest.mark.slow
 def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
-    corpus, tmp_path, monkeypatch
+    corpus, tmp_path, monkeypatch, caplog
 ) -> None:
     # The explicit attention path runs only inside the callback's capture, never in training
     # or validation steps.
@@ -160,6 +160,7 @@ def test_wandb_offline_run_gets_images_tables_trends_and_the_explorer(
     assert html.read_text() == (tmp_path / "attention" / "explorer.html").read_text()
     assert (tmp_path / "attention" / "step0000003" / "cross" / "layer0").is_dir()
     assert explicit_calls and all(explicit_calls)
+    assert not [r for r in caplog.records if "sizes do not match" in r.getMessage()]  # wandb's
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ heatmaps. Each function returns a :class:`~matplotlib.figure.Figure`; :func:`sav
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 from matplotlib import patheffects
@@ -27,31 +28,80 @@ def _label_inch(labels: list[str], size: float = TICK_FONT) -> float:
     return max((len(label) for label in labels), default=0) * 0.6 * size / 72
 
 
+GAP, TOP, BAR = 0.35, 0.65, 1.0  # a head grid's inches: between panels, titles, the colour bar
+
+
+@dataclass(frozen=True)
+class _Grid:
+    """A head grid's layout in inches, from the pieces' lengths: a panel per head, ``cols`` to a
+    row, the query pieces' labels ``left`` of it and the key pieces' ``below``."""
+
+    cols: int
+    rows: int
+    panel_w: float
+    panel_h: float
+    left: float
+    below: float
+
+    @classmethod
+    def of(
+        cls, num_heads: int, query_pieces: list[str], key_pieces: list[str], max_cols: int
+    ) -> _Grid:
+        cols = min(num_heads, max_cols)
+        return cls(
+            cols, math.ceil(num_heads / cols), max(1.6, CELL_INCH * len(key_pieces)),
+            max(1.6, CELL_INCH * len(query_pieces)), _label_inch(query_pieces) + 0.25,
+            _label_inch(key_pieces) + 0.25,
+        )  # fmt: skip
+
+    @property
+    def width(self) -> float:
+        return self.cols * self.panel_w + (self.cols - 1) * GAP
+
+    @property
+    def height(self) -> float:
+        return self.rows * self.panel_h + (self.rows - 1) * GAP
+
+    @property
+    def figure_size(self) -> tuple[float, float]:
+        return self.left + self.width + BAR, self.below + self.height + TOP
+
+
+def grid_inches(
+    num_heads: int, query_pieces: list[str], key_pieces: list[str], max_cols: int = 4
+) -> tuple[float, float]:
+    """The (width, height) in inches of :func:`head_grid`'s figure."""
+    return _Grid.of(num_heads, query_pieces, key_pieces, max_cols).figure_size
+
+
 def head_grid(
-    weights: Tensor, query_pieces: list[str], key_pieces: list[str], title: str, max_cols: int = 4
+    weights: Tensor,
+    query_pieces: list[str],
+    key_pieces: list[str],
+    title: str,
+    max_cols: int = 4,
+    canvas: tuple[float, float] | None = None,
 ) -> Figure:
     """weights (H, Tq, Tk) of one layer -> a grid of heads on shared axes: the key pieces under
-    the bottom row, the query pieces left of the first column.
+    the bottom row, the query pieces left of the first column. ``canvas``: the figure's (width,
+    height) in inches, at least :func:`grid_inches`, with the grid in its top left corner (the
+    figures logged under one key share a size: wandb shows them all at the first one's).
 
     Laid out by hand, in inches, from the pieces' lengths: matplotlib's automatic layout and tick
     labels on every panel took most of a map's rendering time, which runs on the CPU at every map
     validation, a GPU waiting (docs/benchmarks.md#gpu-first-measurements-on-an-h200-2026-11-23).
     """
     num_heads, tq, tk = weights.shape
-    cols = min(num_heads, max_cols)
-    rows = math.ceil(num_heads / cols)
-    panel_w, panel_h = max(1.6, CELL_INCH * tk), max(1.6, CELL_INCH * tq)
-    left, bottom = _label_inch(query_pieces) + 0.25, _label_inch(key_pieces) + 0.25
-    top, gap, bar = 0.65, 0.35, 1.0  # titles; between panels (head titles); the colour bar
-    grid_w, grid_h = cols * panel_w + (cols - 1) * gap, rows * panel_h + (rows - 1) * gap
-    width, height = left + grid_w + bar, bottom + grid_h + top
+    g = _Grid.of(num_heads, query_pieces, key_pieces, max_cols)
+    width, height = canvas or g.figure_size
+    bottom = height - TOP - g.height  # the grid's lower edge
     fig = Figure(figsize=(width, height))
     FigureCanvasAgg(fig)
     fig.subplots_adjust(
-        left=left / width, right=(width - bar) / width, bottom=bottom / height,
-        top=1 - top / height, wspace=gap / panel_w, hspace=gap / panel_h,
+        left=g.left / width, right=(g.left + g.width) / width, bottom=bottom / height,
+        top=1 - TOP / height, wspace=GAP / g.panel_w, hspace=GAP / g.panel_h,
     )  # fmt: skip
-    axes = fig.subplots(rows, cols, squeeze=False, sharex=True, sharey=True)
+    axes = fig.subplots(g.rows, g.cols, squeeze=False, sharex=True, sharey=True)
     axes[0, 0].set_xticks(range(tk), key_pieces)
     axes[0, 0].set_yticks(range(tq), query_pieces)
     image = None
@@ -66,9 +116,9 @@ def head_grid(
     for col, ax in enumerate(axes[-1]):  # under an empty panel: the key pieces of the head above
         if not ax.axison:
             axes[-2, col].tick_params(labelbottom=True)
-    bar_ax = fig.add_axes((1 - (bar - 0.2) / width, bottom / height, 0.12 / width, grid_h / height))
-    fig.colorbar(image, cax=bar_ax, label="attention weight")
-    fig.suptitle(title, fontsize=11)
+    bar = ((g.left + g.width + 0.2) / width, bottom / height, 0.12 / width, g.height / height)
+    fig.colorbar(image, cax=fig.add_axes(bar), label="attention weight")
+    fig.suptitle(title, x=g.figure_size[0] / 2 / width, fontsize=11)  # over the grid and bar
     return fig
 
 

@@ -74,10 +74,19 @@ def map_figures(
 
 
 def draw_maps(figures: Sequence[MapFigure]) -> Images:
-    """Write each figure's PNG (the heads of its layer in a grid)."""
+    """Write each figure's PNG (the heads of its layer in a grid). The figures of one logger key
+    (its probes and targets) share a size, the largest of theirs: wandb lays out a key's images at
+    the first one's size (and warns when they differ)."""
+    canvas: dict[str, tuple[float, float]] = {}
+    for f in figures:
+        width, height = plots.grid_inches(len(f.weights), f.query_pieces, f.key_pieces)
+        widest, tallest = canvas.get(f.key, (0.0, 0.0))
+        canvas[f.key] = (max(width, widest), max(height, tallest))
     images: Images = {}
     for f in figures:
-        fig = plots.head_grid(f.weights, f.query_pieces, f.key_pieces, f.title)
+        fig = plots.head_grid(
+            f.weights, f.query_pieces, f.key_pieces, f.title, canvas=canvas[f.key]
+        )
         images.setdefault(f.key, []).append((plots.save(fig, f.path), f.caption))
     return images
 
