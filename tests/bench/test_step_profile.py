@@ -34,7 +34,8 @@ def test_a_cpu_step_of_matrix_products_is_counted_as_matrix_products() -> None:
     total = sum(split[c] for c in CATEGORIES)
     assert split["steps"] == 2
     assert split["matrix products"] > 0.5 * total, split  # two 1024x512x512 products
-    assert split["matrix products"] > 5 * split["host gaps"], split
+    # Alone the products take 8-12x the gaps; beside another process on a loaded core, 4x.
+    assert split["matrix products"] > 2 * split["host gaps"], split
     assert min(split[c] for c in CATEGORIES) >= 0
 
 
