@@ -3,11 +3,12 @@ MarianMTModel (and eole), on the same batches.
 
 Ours is the training step ``train.py`` runs (bench/product_step.py): the Lightning module and
 Trainer built from transformer/configs/train.yaml with the preset's overrides (and --set's), its
-precision, bulk autocast casts, SDPA backends, gradient clipping, fused AdamW and schedule, fed the
-product's own batches (its budget, padding and shape buckets), each step timed between
-Lightning's batch hooks. --variant NAME "OVERRIDES" adds "ours, NAME": ours with more train.py
-overrides (compile=true, data.num_buckets=8, model.positions=rope, ...), its batches made by its
-own config, timed in a fit of its own after ours.
+precision, bulk autocast casts, SDPA backends, gradient clipping, fused AdamW and schedule (on CPU
+glibc's heap set as ``train()`` sets it, for the whole process), fed the product's own batches
+(its budget, padding and shape buckets), each step timed between Lightning's batch hooks.
+--variant NAME "OVERRIDES" adds "ours, NAME": ours with more train.py overrides (compile=true,
+data.num_buckets=8, model.positions=rope, ...), its batches made by its own config, timed in a fit
+of its own after ours.
 
 The peers keep their own best settings: a plain loop of forward, torch's cross entropy on their
 full (B, T, V) logits (fp32 log-probabilities, the same label smoothing), backward and fused
@@ -150,6 +151,7 @@ from bench.step_profile import (
     profile_step,
     profiler,
 )
+from transformer.allocator import keep_freed_memory
 from transformer.config import TransformerConfig
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import PAD_ID
@@ -517,6 +519,8 @@ def main(argv: Sequence[str] | None = None) -> Result:
         torch.set_num_threads(args.threads)
     auto = "cuda" if torch.cuda.is_available() else "cpu"
     device = torch.device(auto if args.device == "auto" else args.device)
+    if device.type == "cpu":
+        keep_freed_memory()  # glibc's heap as train() sets it: the process's, the peers' too
     notes: list[str] = []
     base = overrides(args, device)
     systems = {OURS: product(base)}

@@ -21,6 +21,7 @@ from typing import IO, Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
+from transformer.allocator import fix_mmap_threshold
 from transformer.analysis.run import run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import checkpoint_paths
@@ -30,7 +31,6 @@ from transformer.decoding import DecodeOptions
 from transformer.decoding.runtime import backend, use_graphs, use_static_search
 from transformer.device import decoding_device, decoding_dtype
 from transformer.errors import ConfigError
-from transformer.evaluation.allocator import fix_mmap_threshold
 from transformer.evaluation.config_checks import validate_evaluate_config
 from transformer.evaluation.files import (
     RESULTS,

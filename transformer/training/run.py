@@ -21,6 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import sdpa_backends
+from transformer.allocator import keep_freed_memory
 from transformer.atomic import sweep_temporaries
 from transformer.checkpoints import load_checkpoint, stored_tokenizer_models
 from transformer.config import TransformerConfig
@@ -210,6 +211,8 @@ def train(cfg: DictConfig) -> dict[str, float]:
         module.model.load_state_dict(weights)
     log.info("model: %s parameters, %s", f"{module.model.num_parameters():,}", model_cfg)
     trainer = build_trainer(cfg, build_loggers(cfg), training_callbacks(cfg))
+    if trainer.strategy.root_device.type == "cpu":
+        keep_freed_memory()  # the step's tensors reused, not faulted in again from the kernel
     backends = sdpa_backends.parse(cfg.get("sdpa_backends"))
     kernels = sdpa_backends.describe(
         module.model, backends, trainer.strategy.root_device, precision_dtype(trainer.precision)

@@ -1,0 +1,58 @@
+"""glibc's heap, set for each workflow's tensors: thresholds that stay where they are set.
+
+glibc serves a block above its mmap threshold with a mapping of its own, returned whole when freed,
+but it raises the threshold to the size of every such block freed, up to 32 MiB; and it gives the
+top of its heap back to the kernel whenever more than its trim threshold lies free there (twice the
+mmap threshold once that moved). A block the kernel gets back costs a page fault per 4 KiB page the
+next time it is written. Thresholds set by ``mallopt`` are never moved.
+
+- Decoding (``evaluate.py``) allocates tensors of a new size at almost every step (a batch's rows
+  shrink as its sentences finish; every batch has its own lengths). Taken from the heap, sizes that
+  rarely repeat leave it full of free holes, so the peak RSS of ``evaluate.py input=FILE`` grew
+  with the file's length (docs/benchmarks.md#translating-a-long-file-memory):
+  :func:`fix_mmap_threshold` maps every block over 1 MiB for itself.
+- A CPU training step allocates and frees the same few hundred tensors at every step, the
+  loss's chunks of logits (16 MB of float32) among them. With glibc's defaults the heap's top was
+  given back and faulted in again many times a step, a third of the loss's time:
+  :func:`keep_freed_memory` keeps what the step frees for the next, as PyTorch's own allocator
+  keeps a GPU's (docs/benchmarks.md#glibcs-heap-in-cpu-training-2026-12-02).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+
+log = logging.getLogger(__name__)
+
+M_TRIM_THRESHOLD = -1  # glibc's malloc.h
+M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 1 << 20  # bytes: decoding's larger blocks are mapped for themselves
+TRAINING_MMAP_THRESHOLD = 32 << 20  # the most glibc takes: blocks up to it come from the heap
+TRAINING_TRIM_THRESHOLD = 1 << 30  # the heap's top is given back once this much of it lies free
+
+
+def _mallopt(param: int, value: int) -> bool:
+    """glibc's ``mallopt(param, value)``; False where the C library is not glibc (macOS, musl) or
+    glibc refuses the value."""
+    try:
+        mallopt = ctypes.CDLL("libc.so.6").mallopt
+    except (OSError, AttributeError):
+        return False
+    done = bool(mallopt(param, value))
+    log.debug("mallopt(%d, %d): %s", param, value, done)
+    return done
+
+
+def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
+    """Set glibc's mmap threshold to ``size`` bytes for the rest of the process; False where the
+    C library is not glibc (nothing changes)."""
+    return _mallopt(M_MMAP_THRESHOLD, size)
+
+
+def keep_freed_memory() -> bool:
+    """For a training process on CPU: blocks up to 32 MiB from the heap, and the heap's free top
+    kept up to 1 GiB, for the rest of the process; False where the C library is not glibc."""
+    return _mallopt(M_MMAP_THRESHOLD, TRAINING_MMAP_THRESHOLD) and _mallopt(
+        M_TRIM_THRESHOLD, TRAINING_TRIM_THRESHOLD
+    )
