@@ -12,10 +12,10 @@ next time it is written. Thresholds set by ``mallopt`` are never moved.
   with the file's length (docs/benchmarks.md#translating-a-long-file-memory):
   :func:`fix_mmap_threshold` maps every block over 1 MiB for itself.
 - A CPU training step allocates and frees the same few hundred tensors at every step, the
-  loss's chunks of logits (16 MB of float32) among them. With glibc's defaults the heap's top was
-  given back and faulted in again many times a step, a third of the loss's time:
-  :func:`keep_freed_memory` keeps what the step frees for the next, as PyTorch's own allocator
-  keeps a GPU's (docs/benchmarks.md#glibcs-heap-in-cpu-training-2026-12-02).
+  loss's chunks of logits (16 MB of float32) among them. With glibc's defaults much of that was
+  given back and faulted in again at every step (10,000-16,000 pages a step at the CPU recipe's
+  size): :func:`keep_freed_memory` keeps what a step frees for the next, as PyTorch's own
+  allocator keeps a GPU's (docs/benchmarks.md#glibcs-heap-in-cpu-training-2026-12-02).
 """
 
 from __future__ import annotations
