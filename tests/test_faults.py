@@ -25,7 +25,15 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from tests.tiny import REPO, compose_cfg, compose_eval_cfg, logged, tiny_overrides, write_lines
+from tests.tiny import (
+    GLIBC_HEAP_PROBE,
+    REPO,
+    compose_cfg,
+    compose_eval_cfg,
+    logged,
+    tiny_overrides,
+    write_lines,
+)
 from transformer import atomic
 from transformer.atomic import HOST
 from transformer.averaging import average_checkpoints
@@ -949,21 +957,16 @@ def test_an_output_of_a_gzipped_input_is_checked_against_its_lines_then_resumed(
     assert run(part)["resumed_at"] == 1 and part.read_bytes() == whole.read_bytes()
 
 
-FREE_16_MIB_THEN_TAKE_2_MIB = """
-import ctypes, sys
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc.mallinfo2.restype = Mallinfo2
+FREE_16_MIB_THEN_TAKE_2_MIB = (
+    GLIBC_HEAP_PROBE
+    + """
 {evaluate}
 libc.free(libc.malloc(16 << 20))  # a mapped block freed: glibc's default raises its threshold
 mapped = libc.mallinfo2().hblks
 block = libc.malloc(2 << 20)
 print(libc.mallinfo2().hblks - mapped)  # 1: mapped for itself (given back when freed)
 """
+)
 
 
 @pytest.mark.slow

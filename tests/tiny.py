@@ -169,3 +169,17 @@ def script_env(tmp_path: Path) -> dict[str, str]:
     env["HOME"] = str(tmp_path / "home")
     env.pop("WANDB_API_KEY", None)
     return env
+
+
+# The start of a script that probes glibc's heap: ``libc`` with malloc, free and mallinfo2 (the
+# main arena's sizes and the count of blocks mapped for themselves).
+GLIBC_HEAP_PROBE = """
+import ctypes
+libc = ctypes.CDLL("libc.so.6")
+libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+libc.free.argtypes = [ctypes.c_void_p]
+class Mallinfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
+                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
+libc.mallinfo2.restype = Mallinfo2
+"""

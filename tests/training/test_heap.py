@@ -7,22 +7,16 @@ import sys
 
 import pytest
 
-from tests.tiny import script_env, tiny_overrides
+from tests.tiny import GLIBC_HEAP_PROBE, script_env, tiny_overrides
 
 # Three 30 MiB blocks taken and freed: prints how many of them glibc mapped for themselves (the
 # kernel's pages, faulted in again at every use) and how many bytes the heap gave back when they
 # were freed. glibc's defaults do one or the other to blocks of this size: below its mmap
 # threshold (at most 32 MiB) they come from the heap, whose top is given back once more than
 # twice that threshold lies free.
-TAKE_AND_FREE_THREE_30_MIB = """
-import ctypes
-libc = ctypes.CDLL("libc.so.6")
-libc.malloc.restype, libc.malloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
-libc.free.argtypes = [ctypes.c_void_p]
-class Mallinfo2(ctypes.Structure):
-    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd",
-                "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
-libc.mallinfo2.restype = Mallinfo2
+TAKE_AND_FREE_THREE_30_MIB = (
+    GLIBC_HEAP_PROBE
+    + """
 {train}
 mapped = libc.mallinfo2().hblks
 blocks = [libc.malloc(30 << 20) for _ in range(3)]
@@ -31,6 +25,7 @@ for block in blocks:
     libc.free(block)
 print(taken.hblks - mapped, taken.arena - libc.mallinfo2().arena)
 """
+)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
