@@ -151,7 +151,7 @@ from bench.step_profile import (
     profile_step,
     profiler,
 )
-from transformer.allocator import keep_freed_memory
+from transformer.allocator import bound_kernel_caches, keep_freed_memory
 from transformer.config import TransformerConfig
 from transformer.data.collate import Batch
 from transformer.data.tokenizer import PAD_ID
@@ -515,6 +515,7 @@ def row(
 
 def main(argv: Sequence[str] | None = None) -> Result:
     args = parse_args(argv)
+    bound_kernel_caches()  # oneDNN's kernel caches as train() bounds them
     if args.threads:
         torch.set_num_threads(args.threads)
     auto = "cuda" if torch.cuda.is_available() else "cpu"

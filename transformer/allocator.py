@@ -1,4 +1,4 @@
-"""glibc's heap, set for each workflow's tensors: thresholds that stay where they are set.
+"""A CPU process's memory, set for each workflow: glibc's heap, and oneDNN's kernel caches.
 
 glibc serves a block above its mmap threshold with a mapping of its own, returned whole when freed,
 but it raises the threshold to the size of every such block freed, up to 32 MiB; and it gives the
@@ -16,12 +16,20 @@ next time it is written. Thresholds set by ``mallopt`` are never moved.
   given back and faulted in again at every step (10,000-16,000 pages a step at the CPU recipe's
   size): :func:`keep_freed_memory` keeps what a step frees for the next, as PyTorch's own
   allocator keeps a GPU's (docs/benchmarks.md#glibcs-heap-in-cpu-training-2026-12-02).
+
+PyTorch's CPU matrix products (bf16 ones, and this package's float32 linear layers:
+:mod:`transformer.linear`) compile a oneDNN kernel for each new shape and keep it in two caches,
+oneDNN's own and ideep's (PyTorch's wrapper around it), of 1024 kernels each. Token-budget batches
+have a new shape at almost every step, so in a training run both fill with kernels of shapes that
+never come back: :func:`bound_kernel_caches` keeps 64 in each, more than a step uses
+(docs/benchmarks.md#onednns-kernel-caches-in-cpu-training-2026-12-02).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 
 log = logging.getLogger(__name__)
 
@@ -30,6 +38,8 @@ M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLD = 1 << 20  # bytes: decoding's larger blocks are mapped for themselves
 TRAINING_MMAP_THRESHOLD = 32 << 20  # the most glibc takes: blocks up to it come from the heap
 TRAINING_TRIM_THRESHOLD = 1 << 30  # the heap's top is given back once this much of it lies free
+KERNEL_CACHE_CAPACITY = 64  # kernels in each: a step of the CPU recipe multiplies about 30 shapes
+KERNEL_CACHES = ("ONEDNN_PRIMITIVE_CACHE_CAPACITY", "LRU_CACHE_CAPACITY")  # oneDNN's, ideep's
 
 
 def _mallopt(param: int, value: int) -> bool:
@@ -56,3 +66,11 @@ def keep_freed_memory() -> bool:
     return _mallopt(M_MMAP_THRESHOLD, TRAINING_MMAP_THRESHOLD) and _mallopt(
         M_TRIM_THRESHOLD, TRAINING_TRIM_THRESHOLD
     )
+
+
+def bound_kernel_caches(capacity: int = KERNEL_CACHE_CAPACITY) -> None:
+    """Keep at most ``capacity`` oneDNN kernels in each of PyTorch's CPU kernel caches, where the
+    process has not set their variables itself. Both caches read them when first used, so this
+    takes effect only before the process's first CPU matrix product."""
+    for variable in KERNEL_CACHES:
+        os.environ.setdefault(variable, str(capacity))

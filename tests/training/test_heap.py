@@ -1,4 +1,5 @@
-"""glibc's heap in a CPU training process: what a step frees stays for the next step."""
+"""A CPU training process's memory: what a step frees stays for the next step (glibc's heap), and
+the kernels of shapes gone by do not pile up (oneDNN's kernel caches)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,8 @@ import sys
 import pytest
 
 from tests.tiny import GLIBC_HEAP_PROBE, script_env, tiny_overrides
+from transformer.allocator import KERNEL_CACHES
+from transformer.linear import ONEDNN
 
 # Three 30 MiB blocks taken and freed: prints how many of them glibc mapped for themselves (the
 # kernel's pages, faulted in again at every use) and how many bytes the heap gave back when they
@@ -28,12 +31,9 @@ print(taken.hblks - mapped, taken.arena - libc.mallinfo2().arena)
 )
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
-def test_a_cpu_training_process_keeps_the_blocks_its_steps_free(corpus, tmp_path):
-    """After train() on CPU, blocks of 30 MiB come from the heap and stay there when freed
-    (transformer/allocator.py): with glibc's defaults the loss's chunks of logits were given
-    back to the kernel and faulted in again many times a step."""
-    train_tiny = f"""
+def train_tiny(corpus, tmp_path) -> str:
+    """A script's lines that train the tiny model for two steps on CPU, as train.py does."""
+    return f"""
 from hydra import compose, initialize_config_dir
 from tests.tiny import CONFIGS
 from transformer.training.run import train
@@ -43,9 +43,17 @@ with initialize_config_dir(str(CONFIGS), version_base="1.3"):
                   "trainer.limit_val_batches=0"])
 train(cfg)
 """
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+def test_a_cpu_training_process_keeps_the_blocks_its_steps_free(corpus, tmp_path):
+    """After train() on CPU, blocks of 30 MiB come from the heap and stay there when freed
+    (transformer/allocator.py): with glibc's defaults the loss's chunks of logits were given
+    back to the kernel and faulted in again many times a step."""
     env = script_env(tmp_path)
+    script = TAKE_AND_FREE_THREE_30_MIB.format(train=train_tiny(corpus, tmp_path))
     trained = subprocess.run(
-        [sys.executable, "-c", TAKE_AND_FREE_THREE_30_MIB.format(train=train_tiny)],
+        [sys.executable, "-c", script],
         env=env, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert trained.returncode == 0, trained.stderr[-3000:]
@@ -55,3 +63,48 @@ train(cfg)
         env=env, capture_output=True, text=True, timeout=60,
     )  # fmt: skip
     assert plain.stdout.split() != ["0", "0"]  # glibc's defaults: the comparison above can fail
+
+
+# Float32 linear layers (oneDNN's kernel, transformer/linear.py) over 400 numbers of rows not seen
+# before, after 200 others: prints how many MiB the heap holds more once they are done (their
+# outputs freed; what stays is the kernels compiled for their shapes, and the caches' entries).
+MULTIPLY_400_NEW_SHAPES = (
+    GLIBC_HEAP_PROBE
+    + """
+import torch
+{train}
+from transformer.linear import linear
+weight = torch.randn(64, 64)
+def multiply(rows):
+    for n in rows:
+        linear(torch.randn(n, 64), weight)
+multiply(range(1, 201))
+held = libc.mallinfo2().uordblks
+multiply(range(201, 601))
+print((libc.mallinfo2().uordblks - held) >> 20)
+"""
+)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
+@pytest.mark.skipif(not ONEDNN, reason="no oneDNN linear kernel in this PyTorch build")
+def test_a_cpu_training_process_keeps_the_kernels_of_few_shapes(corpus, tmp_path):
+    """After train(), products of shapes not seen before hold no more memory once the kernel
+    caches are full (transformer/allocator.py: 64 kernels each): PyTorch's default of 1024 kept
+    about half a MiB for every new shape, which token-budget batches bring at almost every step."""
+    env = script_env(tmp_path)
+    for variable in KERNEL_CACHES:  # as a user's shell has them (train() in this process sets them)
+        env.pop(variable, None)
+    script = MULTIPLY_400_NEW_SHAPES.format(train=train_tiny(corpus, tmp_path))
+    trained = subprocess.run(
+        [sys.executable, "-c", script],
+        env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert trained.returncode == 0, trained.stderr[-3000:]
+    assert int(trained.stdout.split()[-1]) < 4  # MiB: the caches hold what they held
+    plain = subprocess.run(
+        [sys.executable, "-c", MULTIPLY_400_NEW_SHAPES.format(train="")],
+        env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert plain.returncode == 0, plain.stderr[-3000:]
+    assert int(plain.stdout.split()[-1]) > 40  # PyTorch's caches: the comparison above can fail

@@ -21,7 +21,7 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from transformer import sdpa_backends
-from transformer.allocator import keep_freed_memory
+from transformer.allocator import bound_kernel_caches, keep_freed_memory
 from transformer.atomic import sweep_temporaries
 from transformer.checkpoints import load_checkpoint, stored_tokenizer_models
 from transformer.config import TransformerConfig
@@ -180,6 +180,7 @@ def build_module(cfg: DictConfig, model_cfg: TransformerConfig) -> TranslationMo
 
 def train(cfg: DictConfig) -> dict[str, float]:
     """Train as configured; returns the final logged metrics (``trainer.callback_metrics``)."""
+    bound_kernel_caches()  # before any CPU matrix product (`precision: auto` times some)
     model_cfg = checks.validate_config(cfg)  # before any data work
     L.seed_everything(int(cfg.seed), workers=True)
 
