@@ -31,6 +31,13 @@ print(taken.hblks - mapped, taken.arena - libc.mallinfo2().arena)
 )
 
 
+def run_python(script: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    """``python -c script`` in a process of its own, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout
+    )
+
+
 def train_tiny(corpus, tmp_path) -> str:
     """A script's lines that train the tiny model for two steps on CPU, as train.py does."""
     return f"""
@@ -52,16 +59,10 @@ def test_a_cpu_training_process_keeps_the_blocks_its_steps_free(corpus, tmp_path
     back to the kernel and faulted in again many times a step."""
     env = script_env(tmp_path)
     script = TAKE_AND_FREE_THREE_30_MIB.format(train=train_tiny(corpus, tmp_path))
-    trained = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    trained = run_python(script, env, timeout=120)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert trained.stdout.split() == ["0", "0"]  # none mapped, nothing given back
-    plain = subprocess.run(
-        [sys.executable, "-c", TAKE_AND_FREE_THREE_30_MIB.format(train="")],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    plain = run_python(TAKE_AND_FREE_THREE_30_MIB.format(train=""), env, timeout=60)
     assert plain.stdout.split() != ["0", "0"]  # glibc's defaults: the comparison above can fail
 
 
@@ -96,15 +97,9 @@ def test_a_cpu_training_process_keeps_the_kernels_of_few_shapes(corpus, tmp_path
     for variable in KERNEL_CACHES:  # as a user's shell has them (train() in this process sets them)
         env.pop(variable, None)
     script = MULTIPLY_400_NEW_SHAPES.format(train=train_tiny(corpus, tmp_path))
-    trained = subprocess.run(
-        [sys.executable, "-c", script],
-        env=env, capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+    trained = run_python(script, env, timeout=120)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert int(trained.stdout.split()[-1]) < 4  # MiB: the caches hold what they held
-    plain = subprocess.run(
-        [sys.executable, "-c", MULTIPLY_400_NEW_SHAPES.format(train="")],
-        env=env, capture_output=True, text=True, timeout=60,
-    )  # fmt: skip
+    plain = run_python(MULTIPLY_400_NEW_SHAPES.format(train=""), env, timeout=60)
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert int(plain.stdout.split()[-1]) > 40  # PyTorch's caches: the comparison above can fail
