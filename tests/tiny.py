@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import csv
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +15,7 @@ from hydra import compose, initialize_config_dir
 from sentencepiece import sentencepiece_model_pb2
 
 from transformer import Transformer, TransformerConfig
+from transformer.allocator import KERNEL_CACHES
 from transformer.configs import CONFIG_DIR
 from transformer.data.collate import Batch, Collator
 from transformer.data.synthetic import (  # noqa: F401 (the tests' names for them)
@@ -171,6 +174,16 @@ def script_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
+def shell_env(tmp_path: Path) -> dict[str, str]:
+    """:func:`script_env` without the kernel caches' variables, as a user's shell has them: a
+    ``train()`` or ``evaluate()`` earlier in this pytest process set them in ``os.environ``
+    (:func:`transformer.allocator.bound_kernel_caches`)."""
+    env = script_env(tmp_path)
+    for variable in KERNEL_CACHES:
+        env.pop(variable, None)
+    return env
+
+
 # The start of a script that probes glibc's heap: ``libc`` with malloc, free and mallinfo2 (the
 # main arena's sizes and the count of blocks mapped for themselves).
 GLIBC_HEAP_PROBE = """
@@ -183,3 +196,31 @@ class Mallinfo2(ctypes.Structure):
                 "usmblks", "fsmblks", "uordblks", "fordblks", "keepcost")]
 libc.mallinfo2.restype = Mallinfo2
 """
+
+# Float32 linear layers (oneDNN's kernel, transformer/linear.py) over 400 numbers of rows not seen
+# before, after 200 others: prints how many MiB the heap holds more once they are done (their
+# outputs freed; what stays is the kernels compiled for their shapes, and the caches' entries).
+# ``{run}``: what the process does first (train(), evaluate(), or nothing).
+MULTIPLY_400_NEW_SHAPES = (
+    GLIBC_HEAP_PROBE
+    + """
+import torch
+{run}
+from transformer.linear import linear
+weight = torch.randn(64, 64)
+def multiply(rows):
+    for n in rows:
+        linear(torch.randn(n, 64), weight)
+multiply(range(1, 201))
+held = libc.mallinfo2().uordblks
+multiply(range(201, 601))
+print((libc.mallinfo2().uordblks - held) >> 20)
+"""
+)
+
+
+def run_python(script: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
+    """``python -c script`` in a process of its own, its output captured."""
+    return subprocess.run(
+        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout
+    )

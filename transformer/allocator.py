@@ -1,28 +1,27 @@
-"""A CPU process's memory, set for each workflow: glibc's heap, and oneDNN's kernel caches.
+"""A CPU process's memory, set for each workflow: oneDNN's kernel caches, and glibc's heap.
+
+PyTorch's CPU matrix products (bf16 ones, and this package's float32 linear layers:
+:mod:`transformer.linear`) compile a oneDNN kernel for each new shape and keep it in two caches,
+oneDNN's own and ideep's (PyTorch's wrapper around it), of 1024 kernels each. Token-budget batches
+have a new shape at almost every training step, and decoding's batches at almost every step of the
+search (a batch's rows shrink as its sentences finish), so both caches filled with kernels of
+shapes that never come back: long-lived blocks among a step's short-lived ones, which left glibc's
+heap full of holes it could not give back, and a process's peak RSS growing with the steps it ran
+(a training run's, and that of ``evaluate.py input=FILE`` with the file's length).
+:func:`bound_kernel_caches`, which training and decoding call, keeps 64 in each, more than a step
+uses (docs/benchmarks.md#onednns-kernel-caches-in-cpu-training-2026-12-02,
+docs/benchmarks.md#onednns-kernel-caches-in-decoding-2026-12-02).
 
 glibc serves a block above its mmap threshold with a mapping of its own, returned whole when freed,
 but it raises the threshold to the size of every such block freed, up to 32 MiB; and it gives the
 top of its heap back to the kernel whenever more than its trim threshold lies free there (twice the
 mmap threshold once that moved). A block the kernel gets back costs a page fault per 4 KiB page the
-next time it is written. Thresholds set by ``mallopt`` are never moved.
-
-- Decoding (``evaluate.py``) allocates tensors of a new size at almost every step (a batch's rows
-  shrink as its sentences finish; every batch has its own lengths). Taken from the heap, sizes that
-  rarely repeat leave it full of free holes, so the peak RSS of ``evaluate.py input=FILE`` grew
-  with the file's length (docs/benchmarks.md#translating-a-long-file-memory):
-  :func:`fix_mmap_threshold` maps every block over 1 MiB for itself.
-- A CPU training step allocates and frees the same few hundred tensors at every step, the
-  loss's chunks of logits (16 MB of float32) among them. With glibc's defaults much of that was
-  given back and faulted in again at every step (10,000-16,000 pages a step at the CPU recipe's
-  size): :func:`keep_freed_memory` keeps what a step frees for the next, as PyTorch's own
-  allocator keeps a GPU's (docs/benchmarks.md#glibcs-heap-in-cpu-training-2026-12-02).
-
-PyTorch's CPU matrix products (bf16 ones, and this package's float32 linear layers:
-:mod:`transformer.linear`) compile a oneDNN kernel for each new shape and keep it in two caches,
-oneDNN's own and ideep's (PyTorch's wrapper around it), of 1024 kernels each. Token-budget batches
-have a new shape at almost every step, so in a training run both fill with kernels of shapes that
-never come back: :func:`bound_kernel_caches` keeps 64 in each, more than a step uses
-(docs/benchmarks.md#onednns-kernel-caches-in-cpu-training-2026-12-02).
+next time it is written. Thresholds set by ``mallopt`` are never moved. A CPU training step
+allocates and frees the same few hundred tensors at every step, the loss's chunks of logits (16 MB
+of float32) among them. With glibc's defaults much of that was given back and faulted in again at
+every step (10,000-16,000 pages a step at the CPU recipe's size): :func:`keep_freed_memory` keeps
+what a step frees for the next, as PyTorch's own allocator keeps a GPU's
+(docs/benchmarks.md#glibcs-heap-in-cpu-training-2026-12-02). Decoding keeps glibc's defaults.
 """
 
 from __future__ import annotations
@@ -35,7 +34,6 @@ log = logging.getLogger(__name__)
 
 M_TRIM_THRESHOLD = -1  # glibc's malloc.h
 M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 1 << 20  # bytes: decoding's larger blocks are mapped for themselves
 TRAINING_MMAP_THRESHOLD = 32 << 20  # the most glibc takes: blocks up to it come from the heap
 TRAINING_TRIM_THRESHOLD = 1 << 30  # the heap's top is given back once this much of it lies free
 KERNEL_CACHE_CAPACITY = 64  # kernels in each: a step of the CPU recipe multiplies about 30 shapes
@@ -52,12 +50,6 @@ def _mallopt(param: int, value: int) -> bool:
     done = bool(mallopt(param, value))
     log.debug("mallopt(%d, %d): %s", param, value, done)
     return done
-
-
-def fix_mmap_threshold(size: int = MMAP_THRESHOLD) -> bool:
-    """Set glibc's mmap threshold to ``size`` bytes for the rest of the process; False where the
-    C library is not glibc (nothing changes)."""
-    return _mallopt(M_MMAP_THRESHOLD, size)
 
 
 def keep_freed_memory() -> bool:

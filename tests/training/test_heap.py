@@ -3,13 +3,18 @@ the kernels of shapes gone by do not pile up (oneDNN's kernel caches)."""
 
 from __future__ import annotations
 
-import subprocess
 import sys
 
 import pytest
 
-from tests.tiny import GLIBC_HEAP_PROBE, script_env, tiny_overrides
-from transformer.allocator import KERNEL_CACHES
+from tests.tiny import (
+    GLIBC_HEAP_PROBE,
+    MULTIPLY_400_NEW_SHAPES,
+    run_python,
+    script_env,
+    shell_env,
+    tiny_overrides,
+)
 from transformer.linear import ONEDNN
 
 # Three 30 MiB blocks taken and freed: prints how many of them glibc mapped for themselves (the
@@ -29,13 +34,6 @@ for block in blocks:
 print(taken.hblks - mapped, taken.arena - libc.mallinfo2().arena)
 """
 )
-
-
-def run_python(script: str, env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
-    """``python -c script`` in a process of its own, its output captured."""
-    return subprocess.run(
-        [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout
-    )
 
 
 def train_tiny(corpus, tmp_path) -> str:
@@ -66,40 +64,17 @@ def test_a_cpu_training_process_keeps_the_blocks_its_steps_free(corpus, tmp_path
     assert plain.stdout.split() != ["0", "0"]  # glibc's defaults: the comparison above can fail
 
 
-# Float32 linear layers (oneDNN's kernel, transformer/linear.py) over 400 numbers of rows not seen
-# before, after 200 others: prints how many MiB the heap holds more once they are done (their
-# outputs freed; what stays is the kernels compiled for their shapes, and the caches' entries).
-MULTIPLY_400_NEW_SHAPES = (
-    GLIBC_HEAP_PROBE
-    + """
-import torch
-{train}
-from transformer.linear import linear
-weight = torch.randn(64, 64)
-def multiply(rows):
-    for n in rows:
-        linear(torch.randn(n, 64), weight)
-multiply(range(1, 201))
-held = libc.mallinfo2().uordblks
-multiply(range(201, 601))
-print((libc.mallinfo2().uordblks - held) >> 20)
-"""
-)
-
-
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's allocator")
 @pytest.mark.skipif(not ONEDNN, reason="no oneDNN linear kernel in this PyTorch build")
 def test_a_cpu_training_process_keeps_the_kernels_of_few_shapes(corpus, tmp_path):
     """After train(), products of shapes not seen before hold no more memory once the kernel
     caches are full (transformer/allocator.py: 64 kernels each): PyTorch's default of 1024 kept
     about half a MiB for every new shape, which token-budget batches bring at almost every step."""
-    env = script_env(tmp_path)
-    for variable in KERNEL_CACHES:  # as a user's shell has them (train() in this process sets them)
-        env.pop(variable, None)
-    script = MULTIPLY_400_NEW_SHAPES.format(train=train_tiny(corpus, tmp_path))
+    env = shell_env(tmp_path)
+    script = MULTIPLY_400_NEW_SHAPES.format(run=train_tiny(corpus, tmp_path))
     trained = run_python(script, env, timeout=120)
     assert trained.returncode == 0, trained.stderr[-3000:]
     assert int(trained.stdout.split()[-1]) < 4  # MiB: the caches hold what they held
-    plain = run_python(MULTIPLY_400_NEW_SHAPES.format(train=""), env, timeout=60)
+    plain = run_python(MULTIPLY_400_NEW_SHAPES.format(run=""), env, timeout=60)
     assert plain.returncode == 0, plain.stderr[-3000:]
     assert int(plain.stdout.split()[-1]) > 40  # PyTorch's caches: the comparison above can fail

@@ -21,7 +21,7 @@ from typing import IO, Any
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from transformer.allocator import fix_mmap_threshold
+from transformer.allocator import bound_kernel_caches
 from transformer.analysis.run import run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import checkpoint_paths
@@ -110,7 +110,7 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
         return score_hypotheses(cfg, out_dir)
     device = decoding_device(cfg.device)
     dtype = decoding_dtype(cfg.dtype, device)
-    fix_mmap_threshold()  # decoding's ever-new tensor sizes: a peak RSS flat in the input's length
+    bound_kernel_caches()  # shapes change at almost every step: a peak RSS flat in the input
     engine = cfg.get("engine", "torch")
     checkpoints = [cfg.ckpt_path] if engine == "ctranslate2" else checkpoint_paths(cfg.ckpt_path)
     check_outputs(cfg, out_dir, files_read(cfg, checkpoints))
