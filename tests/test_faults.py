@@ -26,13 +26,11 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from tests.tiny import (
-    MULTIPLY_400_NEW_SHAPES,
     REPO,
     compose_cfg,
     compose_eval_cfg,
+    heap_held_by_new_shapes,
     logged,
-    run_python,
-    shell_env,
     tiny_overrides,
     write_lines,
 )
@@ -982,14 +980,9 @@ def test_translating_keeps_the_kernels_of_few_shapes(workspace, tmp_path):
     caches are full (transformer/allocator.py: 64 kernels each). Decoding's batches change shape
     at almost every step; PyTorch's default of 1024 kernels a cache held about half a MiB for
     each, and the peak RSS of a translation grew with the file's length (docs/benchmarks.md)."""
-    env = shell_env(tmp_path)
-    script = MULTIPLY_400_NEW_SHAPES.format(run=evaluate_file(workspace, tmp_path))
-    res = run_python(script, env, timeout=120)
-    assert res.returncode == 0, res.stderr[-3000:]
-    assert int(res.stdout.split()[-1]) < 4  # MiB: the caches hold what they held
-    plain = run_python(MULTIPLY_400_NEW_SHAPES.format(run=""), env, timeout=60)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    assert int(plain.stdout.split()[-1]) > 40  # PyTorch's caches: the comparison above can fail
+    translated, plain = heap_held_by_new_shapes(evaluate_file(workspace, tmp_path), tmp_path)
+    assert translated < 4  # MiB: the caches hold what they held
+    assert plain > 40  # PyTorch's caches: the comparison above can fail
 
 
 # -- issue 51: temporaries, interrupted tokenizer training, damaged caches ----------------------

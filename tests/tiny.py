@@ -174,16 +174,6 @@ def script_env(tmp_path: Path) -> dict[str, str]:
     return env
 
 
-def shell_env(tmp_path: Path) -> dict[str, str]:
-    """:func:`script_env` without the kernel caches' variables, as a user's shell has them: a
-    ``train()`` or ``evaluate()`` earlier in this pytest process set them in ``os.environ``
-    (:func:`transformer.allocator.bound_kernel_caches`)."""
-    env = script_env(tmp_path)
-    for variable in KERNEL_CACHES:
-        env.pop(variable, None)
-    return env
-
-
 # The start of a script that probes glibc's heap: ``libc`` with malloc, free and mallinfo2 (the
 # main arena's sizes and the count of blocks mapped for themselves).
 GLIBC_HEAP_PROBE = """
@@ -224,3 +214,19 @@ def run_python(script: str, env: dict[str, str], timeout: int) -> subprocess.Com
     return subprocess.run(
         [sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=timeout
     )
+
+
+def heap_held_by_new_shapes(first: str, tmp_path: Path) -> tuple[int, int]:
+    """MiB the heap holds more after :data:`MULTIPLY_400_NEW_SHAPES`, in a process that runs the
+    script lines ``first`` before, and in a plain one. Both without the kernel caches' variables,
+    as a user's shell has them: a ``train()`` or ``evaluate()`` earlier in this pytest process set
+    them in ``os.environ`` (:func:`transformer.allocator.bound_kernel_caches`)."""
+    env = script_env(tmp_path)
+    for variable in KERNEL_CACHES:
+        env.pop(variable, None)
+    held = []
+    for run, timeout in ((first, 120), ("", 60)):
+        done = run_python(MULTIPLY_400_NEW_SHAPES.format(run=run), env, timeout)
+        assert done.returncode == 0, done.stderr[-3000:]
+        held.append(int(done.stdout.split()[-1]))
+    return held[0], held[1]

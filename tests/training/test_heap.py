@@ -9,10 +9,9 @@ import pytest
 
 from tests.tiny import (
     GLIBC_HEAP_PROBE,
-    MULTIPLY_400_NEW_SHAPES,
+    heap_held_by_new_shapes,
     run_python,
     script_env,
-    shell_env,
     tiny_overrides,
 )
 from transformer.linear import ONEDNN
@@ -70,11 +69,6 @@ def test_a_cpu_training_process_keeps_the_kernels_of_few_shapes(corpus, tmp_path
     """After train(), products of shapes not seen before hold no more memory once the kernel
     caches are full (transformer/allocator.py: 64 kernels each): PyTorch's default of 1024 kept
     about half a MiB for every new shape, which token-budget batches bring at almost every step."""
-    env = shell_env(tmp_path)
-    script = MULTIPLY_400_NEW_SHAPES.format(run=train_tiny(corpus, tmp_path))
-    trained = run_python(script, env, timeout=120)
-    assert trained.returncode == 0, trained.stderr[-3000:]
-    assert int(trained.stdout.split()[-1]) < 4  # MiB: the caches hold what they held
-    plain = run_python(MULTIPLY_400_NEW_SHAPES.format(run=""), env, timeout=60)
-    assert plain.returncode == 0, plain.stderr[-3000:]
-    assert int(plain.stdout.split()[-1]) > 40  # PyTorch's caches: the comparison above can fail
+    trained, plain = heap_held_by_new_shapes(train_tiny(corpus, tmp_path), tmp_path)
+    assert trained < 4  # MiB: the caches hold what they held
+    assert plain > 40  # PyTorch's caches: the comparison above can fail
