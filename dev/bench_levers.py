@@ -3,7 +3,7 @@
     python dev/bench_levers.py --data ../shared/data/multi30k [--minutes 54] [--out DIR]
         [--levers recipe,fp32,invsqrt+fp32,...] [--dry-run]
     python dev/bench_levers.py --gpu --data data/multi30k [--steps 12000] [--parallel 4]
-        [--deadline SECONDS] [--out DIR] [--levers recipe,invsqrt,...] [--dry-run]
+        [--deadline SECONDS] [--out DIR] [--levers recipe,invsqrt,...] [--ensemble] [--dry-run]
 
 Every lever trains ``experiment=multi30k_en_de_cpu`` with its overrides for ``--minutes``
 (``trainer.max_time``; ``a+b``: levers a and b together, a candidate recipe), one run after the
@@ -25,6 +25,13 @@ then shared ones). The attention maps are off and val/bleu (monitoring only) is 
 sentences: both cost time, not quality. ``--deadline``: after so many seconds the runs still
 training get SIGTERM, write ``last.ckpt`` and stop unscored; the same command again (same
 ``--out``) resumes them, and scores each run once it has all its updates.
+
+``--ensemble``: once every lever named has finished, their runs are also decoded together as one
+ensemble (``evaluate.py ensemble=true``) and scored like a lever, a row for each checkpoint all
+of them have: ``avg``, each run's last 10 epochs averaged into its ``avg10.ckpt``, and ``last``.
+``--gpu --parallel 4 --levers recipe,seed1,seed2,seed3 --ensemble``: four models trained side by
+side on one GPU, against any one of them alone (``ensemble.json`` keeps the scores with the
+members' update counts).
 """
 
 from __future__ import annotations
@@ -112,6 +119,8 @@ GPU_LEVERS: dict[str, list[str]] = {
     "ema": ["ema.decay=0.999"],
     "rdrop": ["loss.rdrop_alpha=5"],
     "seed1": ["seed=1"],
+    "seed2": ["seed=2"],  # seeds 1-3 and the recipe: four models side by side (--ensemble)
+    "seed3": ["seed=3"],
     "attndrop0.1": ATTNDROP,
     "ls0.2": ["loss.label_smoothing=0.2"],
     **RESEARCH_LEVERS,
@@ -176,14 +185,19 @@ def checkpoints(run: Path) -> dict[str, str]:
     return found
 
 
-def score(ckpt: str, data: Path, split: str, out: Path, dry: bool) -> dict[str, Any]:
-    """``evaluate.py ckpt_path=ckpt data.root=data split=split`` in this process: its metrics."""
+def score(ckpt: str | list[str], data: Path, split: str, out: Path, dry: bool) -> dict[str, Any]:
+    """``evaluate.py ckpt_path=ckpt data.root=data split=split`` in this process: its metrics;
+    several checkpoints decode as an ensemble."""
     from hydra import compose, initialize_config_dir
 
     from transformer.configs import CONFIG_DIR
     from transformer.evaluation import evaluate
 
-    overrides = [f"ckpt_path='{ckpt}'", f"data.root={data}", f"split={split}",
+    if isinstance(ckpt, str):
+        chosen = [f"ckpt_path='{ckpt}'"]
+    else:
+        chosen = ["ckpt_path=[" + ",".join(f"'{c}'" for c in ckpt) + "]", "ensemble=true"]
+    overrides = [*chosen, f"data.root={data}", f"split={split}",
                  f"paths.output_dir={out}", *(["decode.beam_size=2"] if dry else [])]  # fmt: skip
     with initialize_config_dir(str(CONFIG_DIR), version_base="1.3"):
         return evaluate(compose("evaluate", overrides=overrides))
@@ -284,14 +298,48 @@ def lever_result(lever: str, state: dict, data: Path, args: argparse.Namespace) 
     return result
 
 
+def ensemble_result(results: list[dict[str, Any]], data: Path, args: argparse.Namespace) -> dict:
+    """The levers' runs decoded together, once all have finished: a row for each checkpoint that
+    every run has (``avg``: each run's last 10 epochs averaged into its ``avg10.ckpt``)."""
+    from transformer.atomic import atomic_save
+    from transformer.averaging import average_checkpoints
+
+    levers = [r["lever"] for r in results]
+    result: dict[str, Any] = {
+        "lever": "ensemble of " + ", ".join(levers), "members": levers,
+        "finished": all(r["finished"] for r in results), "val_bleu": None, "train_wall_s": None,
+        "updates": [r["updates"] for r in results], "scores": {},
+    }  # fmt: skip
+    saved = args.out / "ensemble.json"
+    kept = json.loads(saved.read_text()) if saved.is_file() else {}
+    if kept.get("members") == levers and kept.get("updates") == result["updates"]:
+        result["scores"] = kept["scores"]
+    elif result["finished"]:
+        found = [checkpoints(args.out / lever) for lever in levers]
+        for name in [n for n in found[0] if all(n in f for f in found)]:
+            members = [f[name] for f in found]
+            if name == "avg":  # each run's average first: an ensemble's member is one model
+                members = [str(args.out / lever / "avg10.ckpt") for lever in levers]
+                for lever, path in zip(levers, members, strict=True):
+                    epochs = sorted((args.out / lever / "checkpoints" / "epochs").glob("*.ckpt"))
+                    atomic_save(average_checkpoints(epochs), path)
+            for split in SCORED:
+                m = score(members, data, split, args.out / f"ensemble_{name}_{split}", args.dry_run)
+                result["scores"].setdefault(name, {})[split] = [m["bleu"], m["bleu_lc"], m["chrf"]]
+        saved.write_text(json.dumps({k: result[k] for k in ("members", "updates", "scores")}))
+    return result
+
+
 def table(results: list[dict[str, Any]]) -> str:
     sets = " | ".join(f"{s} BLEU / -lc / chrF" for s in SCORED)
     lines = [f"| lever | ckpt | val/bleu greedy | {sets} | updates | train wall min |",
              "|" + "---|" * (5 + len(SCORED))]  # fmt: skip
     for r in results:
         val = "-" if r["val_bleu"] is None else f"{r['val_bleu']:.2f}"
-        wall = f"{r['train_wall_s'] / 60:.1f}"
+        wall = "-" if r["train_wall_s"] is None else f"{r['train_wall_s'] / 60:.1f}"
         updates = "-" if r["updates"] is None else r["updates"]
+        if isinstance(updates, list):  # an ensemble's members
+            updates = " + ".join("-" if u is None else str(u) for u in updates)
         if not r.get("finished", True):
             updates = f"{updates} (unfinished)"
         for name, by_split in r["scores"].items() or [("-", {})]:
@@ -318,6 +366,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--deadline", type=float, help="--gpu: seconds, then stop the runs (resumed next time)"
     )
+    parser.add_argument(
+        "--ensemble", action="store_true", help="also score the levers' runs as one ensemble"
+    )
     parser.add_argument("--dry-run", action="store_true", help="tiny model, synthetic corpus")
     args = parser.parse_args(argv)
     levers = lever_table(args)
@@ -332,6 +383,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         )
     if not args.gpu and (args.parallel != 1 or args.deadline is not None):
         parser.error("--parallel and --deadline need --gpu (time budgets must not share cores)")
+    if args.ensemble and len(args.levers) < 2:
+        parser.error("--ensemble needs at least two --levers (the runs it decodes together)")
     if args.steps < 1 or args.parallel < 1:
         parser.error("--steps and --parallel must be at least 1")
     if args.data is None and not args.dry_run:
@@ -351,6 +404,8 @@ def main(argv: list[str] | None = None) -> list[dict[str, Any]]:
             data = write_corpus(Path(tmp) / "corpus", MULTI30K_SPLITS, suffix=".gz")
         states = train_levers(args.levers, data, args)
         results = [lever_result(lv, states[lv], data, args) for lv in args.levers]
+        if args.ensemble:
+            results.append(ensemble_result(results, data, args))
     (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     text = table(results)
     (args.out / "table.md").write_text(text + "\n")

@@ -99,6 +99,8 @@ def test_options_and_budget():
         parse_args(["--gpu", "--dry-run", "--levers", "fp32"])  # a CPU lever only
     with pytest.raises(SystemExit):
         parse_args(["--dry-run", "--parallel", "2"])  # time budgets must not share the cores
+    with pytest.raises(SystemExit):
+        parse_args(["--dry-run", "--levers", "ema", "--ensemble"])  # an ensemble of one model
 
 
 def test_levers_join_into_the_earlier_recipe(tmp_path):
@@ -137,18 +139,25 @@ def test_dry_run_of_one_lever_trains_scores_and_tabulates(tmp_path):
 
 @pytest.mark.slow
 def test_gpu_mode_trains_side_by_side_stops_at_the_deadline_and_resumes(tmp_path):
-    args = ["--gpu", "--dry-run", "--parallel", "2", "--levers", "recipe,invsqrt"]
+    args = ["--gpu", "--dry-run", "--parallel", "2", "--levers", "recipe,invsqrt", "--ensemble"]
     args += ["--out", str(tmp_path)]
     # a deadline long before 10**6 steps: both stop (SIGTERM), keep last.ckpt, and go unscored
-    stopped = main([*args, "--steps", str(10**6), "--deadline", "30"])
+    *stopped, ensemble = main([*args, "--steps", str(10**6), "--deadline", "30"])
     assert all(not r["finished"] and r["scores"] == {} and r["calls"] == 1 for r in stopped)
     assert any(r["updates"] for r in stopped)  # (a run still starting up has no last.ckpt)
+    assert not ensemble["finished"] and ensemble["scores"] == {}  # not before all have finished
     # the same command with a reachable budget resumes each from its last.ckpt, then scores it
     steps = max(r["updates"] or 0 for r in stopped) + 3
-    resumed = main([*args, "--steps", str(steps)])
+    *resumed, ensemble = main([*args, "--steps", str(steps)])
     for before, after in zip(stopped, resumed, strict=True):
         assert after["finished"] and after["updates"] == steps and after["calls"] == 2
         assert set(after["scores"]["last"]) == set(SCORED)
         if before["updates"]:  # stopped after a step: the second call went on from there
             log = (tmp_path / f"{after['lever']}.log").read_text()
             assert "Restoring states from the checkpoint" in log
+    # and the two runs decoded together, as evaluate.py's ensemble of their checkpoints
+    assert ensemble["members"] == ["recipe", "invsqrt"] and ensemble["updates"] == [steps] * 2
+    assert set(ensemble["scores"]) == set(resumed[0]["scores"]) & set(resumed[1]["scores"])
+    assert set(ensemble["scores"]["last"]) == set(SCORED)
+    report = (tmp_path / "ensemble_last_val" / "metrics.json").read_text()
+    assert '"ensemble": true' in report and str(tmp_path / "invsqrt" / "checkpoints") in report
