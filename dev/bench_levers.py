@@ -303,6 +303,7 @@ def ensemble_result(results: list[dict[str, Any]], data: Path, args: argparse.Na
     every run has (``avg``: each run's last 10 epochs averaged into its ``avg10.ckpt``)."""
     from transformer.atomic import atomic_save
     from transformer.averaging import average_checkpoints
+    from transformer.checkpoints import checkpoint_paths
 
     levers = [r["lever"] for r in results]
     result: dict[str, Any] = {
@@ -318,11 +319,11 @@ def ensemble_result(results: list[dict[str, Any]], data: Path, args: argparse.Na
         found = [checkpoints(args.out / lever) for lever in levers]
         for name in [n for n in found[0] if all(n in f for f in found)]:
             members = [f[name] for f in found]
-            if name == "avg":  # each run's average first: an ensemble's member is one model
-                members = [str(args.out / lever / "avg10.ckpt") for lever in levers]
-                for lever, path in zip(levers, members, strict=True):
-                    epochs = sorted((args.out / lever / "checkpoints" / "epochs").glob("*.ckpt"))
-                    atomic_save(average_checkpoints(epochs), path)
+            if name == "avg":  # an ensemble's member is one model: each run's average, written
+                averages = [str(args.out / lever / "avg10.ckpt") for lever in levers]
+                for pattern, path in zip(members, averages, strict=True):  # evaluate's expansion
+                    atomic_save(average_checkpoints(checkpoint_paths(pattern)), path)
+                members = averages
             for split in SCORED:
                 m = score(members, data, split, args.out / f"ensemble_{name}_{split}", args.dry_run)
                 result["scores"].setdefault(name, {})[split] = [m["bleu"], m["bleu_lc"], m["chrf"]]
