@@ -16,6 +16,8 @@ from tests.tiny import (
 )
 from transformer.linear import ONEDNN
 
+pytestmark = pytest.mark.slow  # each test trains in a process of its own
+
 # Three 30 MiB blocks taken and freed: prints how many of them glibc mapped for themselves (the
 # kernel's pages, faulted in again at every use) and how many bytes the heap gave back when they
 # were freed. glibc's defaults do one or the other to blocks of this size: below its mmap
