@@ -19,6 +19,7 @@ LIGHT = (
     "transformer.averaging",  # transformer-average
     "transformer.surgery",
     "transformer.evaluation.config_checks",  # evaluate's option checks (and option_types)
+    "transformer.evaluation.run",  # evaluate.py; a split's data module and analysis on use
 )
 
 

@@ -22,11 +22,9 @@ import torch
 from omegaconf import DictConfig, OmegaConf
 
 from transformer.allocator import bound_kernel_caches
-from transformer.analysis.run import run_analysis
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
-from transformer.data.datamodule import checkpoint_texts
 from transformer.decoding import DecodeOptions
 from transformer.decoding.runtime import backend, use_graphs, use_static_search
 from transformer.device import decoding_device, decoding_dtype
@@ -136,6 +134,8 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
         return result if cfg.reference is None else score_translated(cfg, result, out_dir)
     corpus = texts()
     if analysis is not None:
+        from transformer.analysis.run import run_analysis  # (matplotlib: only for the figures)
+
         split = corpus.pairs(cfg.split, cfg.direction)
         return run_analysis(
             analysis, translator, split.src, split.tgt, cfg.analysis_options, out_dir
@@ -202,4 +202,6 @@ def _texts(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> CorpusText
         f"{path} records no data settings; name the corpus, e.g. data.source=multi30k "
         "data.root=DIR data.src_lang=en data.tgt_lang=de"
     )  # (an invalid option: as training.build_datamodule reports the module's own check)
+    from transformer.data.datamodule import checkpoint_texts  # (lightning: only to score a split)
+
     return checkpoint_texts(ckpt, given, missing, "invalid data option (data.*)")
