@@ -82,14 +82,15 @@ def head_grid(
     max_cols: int = 4,
     canvas: tuple[float, float] | None = None,
 ) -> Figure:
-    """weights (H, Tq, Tk) of one layer -> a grid of heads on shared axes: the key pieces under
-    the bottom row, the query pieces left of the first column. ``canvas``: the figure's (width,
+    """weights (H, Tq, Tk) of one layer -> a grid of heads: the key pieces under the last head
+    of each column, the query pieces left of the first column. ``canvas``: the figure's (width,
     height) in inches, at least :func:`grid_inches`, with the grid in its top left corner (the
     figures logged under one key share a size: wandb shows them all at the first one's).
 
-    Laid out by hand, in inches, from the pieces' lengths: matplotlib's automatic layout and tick
-    labels on every panel took most of a map's rendering time, which runs on the CPU at every map
-    validation, a GPU waiting (docs/benchmarks.md#gpu-first-measurements-on-an-h200-2026-11-23).
+    Laid out by hand, in inches, from the pieces' lengths, with ticks on the grid's edges alone:
+    matplotlib's automatic layout and a tick per piece on every panel took most of a map's
+    rendering time, which runs on the CPU at every map validation, a GPU waiting
+    (docs/benchmarks.md#gpu-first-measurements-on-an-h200-2026-11-23).
     """
     num_heads, tq, tk = weights.shape
     g = _Grid.of(num_heads, query_pieces, key_pieces, max_cols)
@@ -101,9 +102,7 @@ def head_grid(
         left=g.left / width, right=(g.left + g.width) / width, bottom=bottom / height,
         top=1 - TOP / height, wspace=GAP / g.panel_w, hspace=GAP / g.panel_h,
     )  # fmt: skip
-    axes = fig.subplots(g.rows, g.cols, squeeze=False, sharex=True, sharey=True)
-    axes[0, 0].set_xticks(range(tk), key_pieces)
-    axes[0, 0].set_yticks(range(tq), query_pieces)
+    axes = fig.subplots(g.rows, g.cols, squeeze=False)
     image = None
     for h, ax in enumerate(axes.flat):
         if h >= num_heads:
@@ -111,11 +110,11 @@ def head_grid(
             continue
         image = ax.imshow(weights[h].numpy(), cmap="viridis", vmin=0.0, vmax=1.0, aspect="auto")
         ax.set_title(f"head {h}", fontsize=9)
+        last_in_column, first_in_row = h + g.cols >= num_heads, h % g.cols == 0
+        ax.set_xticks(range(tk) if last_in_column else [], key_pieces if last_in_column else [])
+        ax.set_yticks(range(tq) if first_in_row else [], query_pieces if first_in_row else [])
         ax.tick_params(length=0, labelsize=TICK_FONT)
         ax.tick_params(axis="x", labelrotation=90)
-    for col, ax in enumerate(axes[-1]):  # under an empty panel: the key pieces of the head above
-        if not ax.axison:
-            axes[-2, col].tick_params(labelbottom=True)
     bar = ((g.left + g.width + 0.2) / width, bottom / height, 0.12 / width, g.height / height)
     fig.colorbar(image, cax=fig.add_axes(bar), label="attention weight")
     fig.suptitle(title, x=g.figure_size[0] / 2 / width, fontsize=11)  # over the grid and bar
