@@ -61,6 +61,12 @@ def test_tags_and_target_tokens_are_one_piece_first_in_the_sources(tmp_path, cor
     line = dm.sources("val", "en-fr")[3]
     assert dm.split("val", "en-fr")[3][1].tolist() == [fr, *tok.encode(line)]  # eos: collate's
     assert tok.with_prefix(dm.source_prefix("en-fr")).encode(line) == [fr, *tok.encode(line)]
+    # Written at the line's start (after spaces or not), a token is that piece, and the rest the
+    # line alone: no word start before it, as SentencePiece alone would put.
+    for written in (f"<2fr> {line}", f"  <2fr>{line}", f"<2fr> <bt> {line}"):
+        want = [fr, bt, *tok.encode(line)] if "<bt>" in written else [fr, *tok.encode(line)]
+        assert tok.encode(written) == want and tok.encode_batch([written, line])[0] == want
+    assert tok._sp.encode(f"<2fr> {line}")[:2] == [tok._sp.piece_to_id("\u2581"), fr]
 
 
 def test_validation_and_references_per_direction(tmp_path, corpora) -> None:

@@ -202,6 +202,14 @@ def test_a_source_prefix_stays_in_front(make_dm):
     assert all(row[0] == prefix and prefix not in row[1:] for _, src, _ in drawn for row in src)
     fixed = batches(make_dm(target_token=True))
     assert pairs(drawn, dm.tgt_tokenizer) != pairs(fixed, dm.tgt_tokenizer)
+    # a token written at the line's start (an imported OPUS-MT model's way) stays in front too
+    tok = dm.src_tokenizer
+    ids = tok.encode(f"{tok.pieces([prefix])[0]} a child plays with a red ball")
+    assert ids[0] == prefix
+    for seed in range(5):
+        again = tok.resample(ids, 0.1, -1, seed)
+        assert again[0] == prefix and prefix not in again[1:]
+        assert tok.decode(again) == tok.decode(ids)
 
 
 def test_sentencepiece_that_does_not_reseed_is_refused(make_dm, monkeypatch):

@@ -513,6 +513,8 @@ def test_a_multilingual_models_readme_names_its_target_tokens() -> None:
     readme = ct2_readme.usage(256, DecodeOptions(), ["<2de>", "<2fr>"])
     assert "put one of <2de>, <2fr> before each source" in readme
     assert ct2_readme.target_tokens({"tgt_lang": "de"}) == []
+    user = ["<bt>", ">>fra<<", ">>deu<<"]  # a source tokenizer's user-defined pieces
+    assert ct2_readme.target_tokens({"tgt_lang": None}, user) == [">>fra<<", ">>deu<<"]
     assert "several languages" not in ct2_readme.usage(256, DecodeOptions())
 
 

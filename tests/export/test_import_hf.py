@@ -8,6 +8,7 @@ by name. (docs/finetune.md's commands: ``tests/export/test_finetune_docs.py``.)"
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 
@@ -179,6 +180,112 @@ def test_greedy_and_beam_translations_equal_generate(
     texts = [t[0].text for t in translator.translate(lines, options)]
     decoded = tok.batch_decode(out.sequences, skip_special_tokens=True)
     assert [texts[i] for i in ended] == [decoded[i] for i in ended]
+
+
+CODES = (">>fra<<", ">>deu<<", ">>pt_br<<")  # a multilingual model's target-language tokens
+
+
+@pytest.fixture(scope="module")
+def multilingual_dir(tmp_path_factory) -> Path:
+    """A multilingual model's directory: ``CODES`` in vocab.json (an eos bias of 5, as the other
+    model's, ends every translation of these weights at once)."""
+    out = tmp_path_factory.mktemp("marian") / "opus-mt-tiny-mul"
+    return write_marian_dir(out, codes=CODES, eos_bias=3.0)
+
+
+@pytest.fixture(scope="module")
+def multilingual(multilingual_dir, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("imported") / "mul.ckpt"
+    main([str(multilingual_dir), str(out)])
+    return out
+
+
+def test_a_multilingual_models_language_token_starts_the_source_as_in_marian(
+    multilingual_dir, tmp_path, caplog
+) -> None:
+    """OPUS-MT's multilingual models are told the language to translate into by a token at the
+    source line's start (``>>fra<<``), in vocab.json but in neither .spm file: imported, a line
+    starting with one gives MarianTokenizer's ids (the token, then the rest as a line alone) and
+    ``generate``'s greedy translations, another token other translations; the import names the
+    tokens."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    with caplog.at_level(logging.INFO, logger="transformer.export.hf_import"):
+        main([str(multilingual_dir), str(tmp_path / "mul.ckpt")])
+    assert "a multilingual model: start each source line with the token" in caplog.text
+    assert "(3: >>fra<< >>deu<< >>pt_br<<)" in caplog.text
+    translator = ours(tmp_path / "mul.ckpt")
+    hf = MarianMTModel.from_pretrained(multilingual_dir).eval()
+    tok = MarianTokenizer.from_pretrained(multilingual_dir)
+    lines = [f"{code} {line}" for code in CODES for line in LINES]
+    lines += [f"{CODES[1]}{LINES[0]}", LINES[3]]
+    as_marian = to_marian(multilingual_dir, translator)
+    src = [translator.src_tokenizer.encode(line) + [EOS_ID] for line in lines]
+    assert [as_marian[s].tolist() for s in src] == tok(lines)["input_ids"]
+    pieces = translator.src_tokenizer.pieces(range(translator.model.cfg.src_vocab_size))
+    assert [s[0] for s in src[:: len(LINES)][: len(CODES)]] == [pieces.index(c) for c in CODES]
+    # spaces before the token: ours takes it off all the same (MarianTokenizer looks at the
+    # line's first character only)
+    spaced = translator.src_tokenizer.encode(f"  {CODES[2]}  {LINES[1]}")
+    assert spaced == translator.src_tokenizer.encode(f"{CODES[2]} {LINES[1]}")
+    greedy = DecodeOptions(strategy="greedy", max_len_a=0.0, max_len_b=12, min_len=0)
+    texts = [t[0].text for t in translator.translate(lines, greedy)]
+    out = hf.generate(
+        **tok(lines, return_tensors="pt", padding=True), do_sample=False, num_beams=1,
+        max_length=14, min_length=0, bad_words_ids=[[tok.pad_token_id]],
+        forced_eos_token_id=tok.eos_token_id,
+    )  # fmt: skip
+    assert texts == tok.batch_decode(out, skip_special_tokens=True)
+    by_code = [texts[i * len(LINES) : (i + 1) * len(LINES)] for i in range(len(CODES))]
+    assert len({tuple(t) for t in by_code}) == len(CODES)
+
+
+@pytest.mark.slow
+def test_a_multilingual_model_scores_and_fine_tunes_on_sources_that_carry_the_token(
+    multilingual, tmp_path
+) -> None:
+    """A corpus whose source lines start with the token: ``evaluate.py split=test`` translates
+    them as the lines themselves translate, and ``init_from`` trains on them."""
+    src, tgt = data_pairs(40, seed=5)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, rows in (("train", slice(0, 24)), ("val", slice(24, 32)), ("test", slice(32, 40))):
+        write_lines(corpus / f"{split}.en", [f"{CODES[1]} {line}" for line in src[rows]])
+        write_lines(corpus / f"{split}.de", tgt[rows])
+    data = ["data.source=local", f"data.root={corpus}"]
+    short = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=12", "decode.min_len=0"]
+    cfg = compose_eval_cfg([f"ckpt_path={multilingual}", *data, "split=test", *short], tmp_path)
+    assert math.isfinite(evaluate(cfg)["bleu"])
+    greedy = DecodeOptions(strategy="greedy", max_len_a=0.0, max_len_b=12, min_len=0)
+    lines = [f"{CODES[1]} {line}" for line in src[32:]]
+    want = [t[0].text for t in ours(multilingual).translate(lines, greedy)]
+    assert (tmp_path / "hypotheses.txt").read_text().splitlines() == want
+    model = TransformerConfig(**load_checkpoint(multilingual)["hyper_parameters"]["model"])
+    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
+    overrides = [*base, *train_overrides(model), f"init_from={multilingual}"]
+    overrides += ["data.max_len=60", "trainer.max_steps=3"]  # (the tiny model: 64 positions)
+    metrics = train_run(compose_cfg(overrides, tmp_path / "tuned"))
+    assert math.isfinite(metrics["train/loss"])
+
+
+def test_a_multilingual_model_exports_to_ctranslate2_with_its_tokens(
+    multilingual, tmp_path
+) -> None:
+    """Exported to CTranslate2, lines that start with a token translate as ours, and the
+    directory's README names the tokens."""
+    pytest.importorskip("ctranslate2", reason='CTranslate2 is optional: pip install -e ".[export]"')
+    from transformer.export.ct2 import export_ct2
+    from transformer.export.ct2_translate import CT2Translator
+
+    export_ct2([multilingual], tmp_path / "ct2")
+    assert "put one of >>fra<<, >>deu<<, >>pt_br<< before each source" in (
+        (tmp_path / "ct2" / "README.md").read_text()
+    )
+    lines = [f"{code} {line}" for code in CODES for line in LINES]
+    greedy = DecodeOptions(strategy="greedy", max_len_a=0.0, max_len_b=12, min_len=0)
+    want = [t[0].text for t in ours(multilingual).translate(lines, greedy)]
+    got = CT2Translator(tmp_path / "ct2", threads=1).translate(lines, greedy)
+    assert [t[0].text for t in got] == want
 
 
 def test_the_checkpoint_translates_a_file_with_evaluate_py(imported, tmp_path) -> None:

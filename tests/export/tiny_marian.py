@@ -33,7 +33,7 @@ def pieces(model: bytes) -> list[str]:
     return [sp.id_to_piece(i) for i in normal if not (sp.is_control(i) or sp.is_unknown(i))]
 
 
-def randomize(model: torch.nn.Module, pad: int, eos: int) -> None:
+def randomize(model: torch.nn.Module, pad: int, eos: int, eos_bias: float) -> None:
     """Weights far from initialisation (layer norms and biases too: a mapping that mixed them up
     would show), a zero padding row as Hugging Face keeps it, and an output bias that lets beam
     search finish hypotheses before the length limit."""
@@ -48,18 +48,23 @@ def randomize(model: torch.nn.Module, pad: int, eos: int) -> None:
         model.model.shared.weight[pad] = 0.0
         bias = model.final_logits_bias  # (1, V), a buffer
         bias.copy_(0.5 * torch.randn(bias.shape, generator=g))
-        bias[0, eos] = 5.0
+        bias[0, eos] = eos_bias
 
 
-def write_marian_dir(out: Path, activation: str = "swish") -> Path:
+def write_marian_dir(
+    out: Path, activation: str = "swish", codes: tuple[str, ...] = (), eos_bias: float = 5.0
+) -> Path:
     """The MarianMT directory (model.safetensors, config.json, source.spm, target.spm,
-    vocab.json, tokenizer_config.json, generation_config.json) at ``out``."""
+    vocab.json, tokenizer_config.json, generation_config.json) at ``out``; ``codes``: a
+    multilingual model's target-language tokens (``>>fra<<``), in vocab.json and in neither
+    SentencePiece model, as OPUS-MT's."""
     from transformers import MarianConfig, MarianMTModel, MarianTokenizer
 
     src_text, tgt_text = data_pairs(400, seed=11)
     spms = {"source.spm": spm_model(src_text, 60), "target.spm": spm_model(tgt_text, 60)}
     out.mkdir(parents=True)
     words = dict.fromkeys(p for m in spms.values() for p in pieces(m) if p != DROPPED)
+    words |= dict.fromkeys(codes)
     vocab = {"</s>": 0, "<unk>": 1} | {p: i + 2 for i, p in enumerate(words)}
     vocab["<pad>"] = pad = len(vocab)
     with tempfile.TemporaryDirectory() as tmp:
@@ -81,7 +86,7 @@ def write_marian_dir(out: Path, activation: str = "swish") -> Path:
     )  # fmt: skip
     torch.manual_seed(0)
     model = MarianMTModel(config)
-    randomize(model, pad, eos=0)
+    randomize(model, pad, eos=0, eos_bias=eos_bias)
     model.generation_config.bad_words_ids = [[pad]]
     model.save_pretrained(out)
     return out

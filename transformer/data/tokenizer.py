@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 import os
+import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 
@@ -40,6 +41,21 @@ def word_index(ids: Sequence[int], pieces: Sequence[str]) -> list[int]:
         starts = i == 0 or special or piece.startswith(WORD_START) or ids[i - 1] in (BOS_ID, EOS_ID)
         index.append(index[-1] + starts if index else 0)
     return index
+
+
+def user_defined(model: bytes) -> list[str]:
+    """A SentencePiece model's user-defined pieces (tags, target-language tokens), in id order:
+    never split, wherever they are in a text."""
+    proto = sentencepiece_model_pb2.ModelProto.FromString(model)
+    user = sentencepiece_model_pb2.ModelProto.SentencePiece.USER_DEFINED
+    return [p.piece for p in proto.pieces if p.type == user]
+
+
+def leading_pieces(model: bytes) -> re.Pattern[str] | None:
+    """What :meth:`Tokenizer.split_leading` takes off a text's start: any of the model's
+    user-defined pieces (longest first), after spaces; None if it has none."""
+    names = sorted(user_defined(model), key=len, reverse=True)
+    return re.compile(r"\s*(" + "|".join(map(re.escape, names)) + ")") if names else None
 
 
 class Tokenizer:
@@ -77,6 +93,7 @@ class Tokenizer:
                 f"{self.model_path} has special ids pad/unk/bos/eos={ids}, but this project needs "
                 f"{(PAD_ID, UNK_ID, BOS_ID, EOS_ID)}; delete the file so it is trained again"
             )
+        self._leading = leading_pieces(self.to_bytes())
 
     @property
     def vocab_size(self) -> int:
@@ -112,13 +129,27 @@ class Tokenizer:
         prefixed.prefix = ids
         return prefixed
 
+    def split_leading(self, text: str) -> tuple[list[int], str]:
+        """The ids of the user-defined pieces ``text`` starts with (a target-language token such
+        as ``<2de>`` or OPUS-MT's ``>>fra<<``, a tag), and the text after them. SentencePiece
+        alone would put a word start before the first (``▁ >>fra<<``); MarianTokenizer, and
+        :meth:`with_prefix`, give the token and then the rest encoded as a text of its own."""
+        ids: list[int] = []
+        while self._leading is not None and (found := self._leading.match(text)):
+            ids.append(self._sp.piece_to_id(found.group(1)))
+            text = text[found.end() :]
+        return ids, text
+
     def encode(self, text: str) -> list[int]:
-        ids = self._sp.encode(text, out_type=int)
+        lead, text = self.split_leading(text)
+        ids = [*lead, *self._sp.encode(text, out_type=int)]
         return [*self.prefix, *ids] if ids and self.prefix else ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Encode many texts at once (SentencePiece uses its own threads)."""
-        encoded = self._sp.encode(texts, out_type=int, num_threads=os.cpu_count() or 1)
+        leads, rests = zip(*map(self.split_leading, texts), strict=True) if texts else ((), ())
+        encoded = self._sp.encode(list(rests), out_type=int, num_threads=os.cpu_count() or 1)
+        encoded = [[*lead, *ids] if lead else ids for lead, ids in zip(leads, encoded, strict=True)]
         if not self.prefix:
             return encoded
         return [[*self.prefix, *ids] if ids else ids for ids in encoded]
@@ -136,10 +167,10 @@ class Tokenizer:
         if UNK_ID in body:
             return [int(i) for i in ids]
         spm.set_random_generator_seed(seed)
-        drawn = self._sp.encode(
-            self._sp.decode(body), out_type=int, enable_sampling=True, alpha=alpha,
-            nbest_size=nbest,
-        )  # fmt: skip
+        lead, text = self.split_leading(self._sp.decode(body))
+        drawn = lead + self._sp.encode(
+            text, out_type=int, enable_sampling=True, alpha=alpha, nbest_size=nbest
+        )
         return [*self.prefix, *drawn] if drawn and self.prefix else drawn
 
     def decode(self, ids: Iterable[int]) -> str:

@@ -37,7 +37,7 @@ from torch import Tensor, nn
 
 from transformer.averaging import load_or_average
 from transformer.checkpoints import model_from_checkpoint, tokenizers_from_checkpoint
-from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
+from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID, user_defined
 from transformer.decoding import DecodeOptions
 from transformer.errors import ConfigError, UserError
 from transformer.model import ATTENTION_TYPES, Transformer
@@ -242,7 +242,7 @@ def export_ct2(
             "special_ids": {"pad": PAD_ID, "unk": UNK_ID, "bos": BOS_ID, "eos": EOS_ID},
         }
         (tmp / INFO_FILE).write_text(json.dumps(info, indent=2, default=str) + "\n")
-        targets = target_tokens(info["data"])
+        targets = target_tokens(info["data"], user_defined(tokenizers[0].to_bytes()))
         (tmp / "README.md").write_text(usage(model.cfg.max_positions, DecodeOptions(), targets))
 
     replace_directory(out_dir, write)

@@ -7,13 +7,15 @@ from __future__ import annotations
 from transformer.data.corpora import make_corpora, prefix_tokens
 from transformer.decoding import DecodeOptions
 from transformer.export.ct2 import INFO_FILE, SPM_FILES
+from transformer.export.marian_vocab import language_tokens
 
 
-def target_tokens(data: dict) -> list[str]:
-    """The target tokens of a model trained with ``data.target_token`` (none otherwise): those
-    its corpora put before their sources."""
+def target_tokens(data: dict, source_pieces: list[str] = ()) -> list[str]:
+    """The target tokens of a model trained with ``data.target_token`` (those its corpora put
+    before their sources), or of an imported multilingual OPUS-MT model (its source tokenizer's
+    ``source_pieces`` of that form, ``>>fra<<``); none otherwise."""
     if not data.get("target_token"):
-        return []
+        return language_tokens(source_pieces)
     corpora = make_corpora(data.get("corpora"), data)
     return sorted({t for c in corpora for t in prefix_tokens(c, True, training=False)})
 
@@ -25,8 +27,8 @@ def usage(max_positions: int, options: DecodeOptions, targets: list[str] = ()) -
     a, b, lp = options.max_len_a, options.max_len_b, options.len_penalty
     multilingual = (
         f"\nThis model translates into several languages: put one of {', '.join(targets)} "
-        "before each source's pieces, `[token, *src_sp.encode(line, out_type=str)]`, as "
-        "`evaluate.py direction=...` does.\n"
+        "before each source's pieces, `[token, *src_sp.encode(line, out_type=str)]` "
+        "(SentencePiece alone would put a word start before a token written in the line).\n"
         if targets
         else ""
     )

@@ -17,7 +17,7 @@ from omegaconf import OmegaConf
 from transformer.atomic import atomic_save
 from transformer.config import TransformerConfig
 from transformer.configs import CONFIG_DIR
-from transformer.data.tokenizer import Tokenizer
+from transformer.data.tokenizer import Tokenizer, user_defined
 from transformer.errors import ConfigError, DataError, UserError, show
 from transformer.export.marian import (
     ACTIVATIONS,
@@ -31,7 +31,7 @@ from transformer.export.marian import (
     refuse,
     tokenizer_config,
 )
-from transformer.export.marian_vocab import vocabulary, vocabulary_model
+from transformer.export.marian_vocab import language_tokens, vocabulary, vocabulary_model
 from transformer.model import Transformer
 from transformer.outputs import check_output_file
 
@@ -127,8 +127,12 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
         state["output.bias"] = bias
     model = Transformer(cfg)
     model.load_state_dict(state)  # every weight given, none left over
+    user = {"src": vocab.languages, "tgt": []}  # a language token starts a source line only
     tokenizers = {
-        side: {"name": f"{SPM_FILES[side]}.model", "model": vocabulary_model(spm, vocab.pieces)}
+        side: {
+            "name": f"{SPM_FILES[side]}.model",
+            "model": vocabulary_model(spm, vocab.pieces, user[side]),
+        }
         for side, spm in spms.items()
     }
     langs = tokenizer_config(model_dir)
@@ -192,6 +196,13 @@ def main(argv: Sequence[str] | None = None) -> None:
         "with: python train.py init_from=%s %s ...", args.output, args.output, args.output,
         " ".join(train_overrides(cfg)),
     )  # fmt: skip
+    targets = language_tokens(user_defined(ckpt["tokenizers"]["src"]["model"]))
+    if targets:
+        log.info(
+            "a multilingual model: start each source line with the token of the language to "
+            "translate into (%d: %s), e.g. '%s a sentence'", len(targets),
+            " ".join(targets[:8]) + (" ..." if len(targets) > 8 else ""), targets[0],
+        )  # fmt: skip
 
 
 if __name__ == "__main__":

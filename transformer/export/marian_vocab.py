@@ -5,6 +5,8 @@ split text as a MarianMT directory's ``.spm`` files do and number pieces as its 
 from __future__ import annotations
 
 import logging
+import re
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,14 @@ from transformer.errors import ConfigError, DataError
 from transformer.export.marian import MARIAN_DEFAULTS, SPM_KEPT, read_json, refuse, tokenizer_config
 
 log = logging.getLogger(__name__)
+# A multilingual model's target-language token (>>fra<<, >>pt_br<<): MarianTokenizer takes one off
+# a source line's start as a piece of its own; vocab.json has them, the .spm files do not.
+LANGUAGE_TOKEN = re.compile(r">>[^<>\s]+<<")
+
+
+def language_tokens(pieces: Sequence[str]) -> list[str]:
+    """The target-language tokens (``>>fra<<``) among ``pieces``, in their order."""
+    return [p for p in pieces if LANGUAGE_TOKEN.fullmatch(p)]
 
 
 class Vocabulary:
@@ -41,6 +51,7 @@ class Vocabulary:
         self.blocked += range(len(self.pieces), len(self.pieces) + len(extra))
         self.rows += [unk] * len(extra)
         self.pieces += extra
+        self.languages = language_tokens(self.pieces)
 
     def embedding(self, table: Tensor) -> Tensor:
         """Marian's (V_marian, ...) rows in our id order: (V, ...)."""
@@ -89,13 +100,16 @@ def vocabulary(model_dir: Path, config: dict[str, Any], spms: dict[str, bytes]) 
     return Vocabulary(marian, pad, given[unk_piece], start, eos, extra)
 
 
-def vocabulary_model(spm: bytes, pieces: list[str]) -> bytes:
+def vocabulary_model(spm: bytes, pieces: list[str], user: Sequence[str] = ()) -> bytes:
     """A SentencePiece model that splits text as ``spm`` does and numbers the pieces as
-    ``pieces`` (our specials first): ``spm``'s own pieces keep their scores and types, the others
-    are UNUSED, which SentencePiece never produces."""
+    ``pieces`` (our specials first): ``spm``'s own pieces keep their scores and types, those in
+    ``user`` (a source's language tokens) are USER_DEFINED, never split (``Tokenizer`` takes one
+    off a text's start as MarianTokenizer does), the others UNUSED, which SentencePiece never
+    produces."""
     proto = sentencepiece_model_pb2.ModelProto.FromString(spm)
-    own = {p.piece: (p.type, p.score) for p in proto.pieces if p.type in SPM_KEPT}
     Piece = sentencepiece_model_pb2.ModelProto.SentencePiece
+    own = {p.piece: (p.type, p.score) for p in proto.pieces if p.type in SPM_KEPT}
+    own |= {name: (Piece.USER_DEFINED, 0.0) for name in user}
     del proto.pieces[:]
     for i, name in enumerate(pieces):
         if i == UNK_ID:
