@@ -75,6 +75,10 @@ def check_type(option: str, value: Any, hint: Any, default: Any = None) -> None:
             if default is not None and fits(default, hint)
             else ""
         )
+        if isinstance(value, bool | int | float) and fits(show(value), hint):  # e.g. split=2017
+            kind = "a boolean" if isinstance(value, bool) else "a number"
+            quoted = f"'{option}=\"{show(value)}\"'"
+            example = f"; the command line read it as {kind}: quote it, {quoted}"
         raise ConfigError(f"{option}={show(value)}: expected {describe(hint)}{example}")
 
 

@@ -21,7 +21,11 @@ from transformer.evaluation.config_checks import validate_evaluate_config
 WRONG_TYPES = {
     "ckpt_path": ("ckpt_path={a: 1}", "ckpt_path={'a': 1}: expected a string or a list"),
     "ensemble": ("ensemble=maybe", "ensemble must be true or false, got 'maybe'"),
-    "split": ("split=2017", "split=2017: expected a string"),
+    "split": (
+        "split=2017",
+        """split=2017: expected a string; the command line read it as a """
+        """number: quote it, 'split="2017"'""",
+    ),
     "direction": ("direction=[en,de]", "direction=[en,de]: expected a string or null"),
     "input": ("input=[a.txt,b.txt]", "input=[a.txt,b.txt]: expected a string or null"),
     "output": ("output=[a.txt]", "output=[a.txt]: expected a string or null"),
@@ -100,7 +104,7 @@ def test_validate_evaluate_config_returns_the_decoding_and_its_batches(tmp_path)
     options, max_tokens = validate_evaluate_config(compose_eval_cfg(given, tmp_path))
     assert isinstance(options, DecodeOptions)
     assert (options.strategy, max_tokens) == ("greedy", 64)
-    with pytest.raises(ConfigError, match=r"^split=2017: expected a string$"):
+    with pytest.raises(ConfigError, match=r"^split=2017: expected a string; .* 'split=\"2017\"'$"):
         validate_evaluate_config(compose_eval_cfg(["ckpt_path=none.ckpt", "split=2017"], tmp_path))
 
 
