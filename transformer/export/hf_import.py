@@ -127,7 +127,7 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
         state["output.bias"] = bias
     model = Transformer(cfg)
     model.load_state_dict(state)  # every weight given, none left over
-    user = {"src": vocab.languages, "tgt": []}  # a language token starts a source line only
+    user = {"src": language_tokens(vocab.pieces), "tgt": []}  # they start a source line only
     tokenizers = {
         side: {
             "name": f"{SPM_FILES[side]}.model",

@@ -51,7 +51,6 @@ class Vocabulary:
         self.blocked += range(len(self.pieces), len(self.pieces) + len(extra))
         self.rows += [unk] * len(extra)
         self.pieces += extra
-        self.languages = language_tokens(self.pieces)
 
     def embedding(self, table: Tensor) -> Tensor:
         """Marian's (V_marian, ...) rows in our id order: (V, ...)."""
