@@ -1,13 +1,15 @@
 """What one validation costs, part by part, for a trained checkpoint on its validation split: the
 loss pass, greedy decoding of every sentence for val/bleu (at each --max-tokens budget: the
 validation batches' size, validation.max_tokens), BLEU scoring, and one attention-map analysis at
-the recipe's defaults (transformer/configs/callbacks/default.yaml): what it costs the training
-thread (the data: probes translated, maps captured, head statistics, the explorer's record, samples)
-and the figures drawn in the worker process, as the training callback does; and, for comparison, the
-same figures drawn on the training thread (as before 2026-11-25).
+the recipe's settings (transformer/configs/callbacks/default.yaml; --maps changes them, and the
+table's first line names the changes): what it costs the training thread (the data: probes
+translated, maps captured, head statistics, the explorer's record, samples) and the figures drawn in
+the worker process, as the training callback does; and, for comparison, the same figures drawn on
+the training thread (as before 2026-11-25).
 
     python bench/bench_validation.py OUT/checkpoints/last.ckpt --data ../shared/data/multi30k
     python bench/bench_validation.py CKPT --data DIR --device cuda --max-tokens 4096,32768
+    python bench/bench_validation.py CKPT --data DIR --maps "types=[cross]" --maps num_probes=1
 
 Each part runs --rounds times, the budgets alternating; the table shows the median seconds (the
 worker's first drawing includes starting its process).
@@ -97,6 +99,17 @@ class Inline:
         self.job = job
 
 
+def map_options(changes: list[str], p: argparse.ArgumentParser) -> dict:
+    """The attention-map callback's options: the recipe's, with ``--maps KEY=VALUE`` changes."""
+    recipe = OmegaConf.load(CONFIG_DIR / "callbacks" / "default.yaml").attention_maps
+    del recipe["_target_"], recipe["out_dir"]  # the callback's class, the bench's own folder
+    for change in changes:
+        if "=" not in change or change.split("=", 1)[0] not in recipe:
+            p.error(f"--maps {change}: KEY=VALUE of an attention-map option, one of "
+                    f"{', '.join(recipe)}")  # fmt: skip
+    return OmegaConf.to_container(OmegaConf.merge(recipe, OmegaConf.from_dotlist(changes)))
+
+
 def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("ckpt", type=Path, help="a checkpoint written by train.py")
@@ -106,7 +119,13 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     p.add_argument("--max-tokens", default="4096,32768", help="validation batch budgets")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=None)
+    p.add_argument(
+        "--maps", action="append", default=[], metavar="KEY=VALUE",
+        help="an attention-map option other than the recipe's (callbacks.attention_maps.KEY of "
+        "train.py), e.g. num_probes=1; repeatable",
+    )  # fmt: skip
     args = p.parse_args(argv)
+    options = map_options(args.maps, p)
     if args.threads:
         torch.set_num_threads(args.threads)
     device = torch.device(args.device)
@@ -121,10 +140,6 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     }
     dm = dms[budgets[0]]
     references = dm.references("val")
-    options = OmegaConf.to_container(
-        OmegaConf.load(CONFIG_DIR / "callbacks" / "default.yaml").attention_maps
-    )
-    del options["_target_"], options["out_dir"]
     trainer = SimpleNamespace(datamodule=dm, global_step=0, loggers=[])
     seconds: dict[str, list[float]] = {}
 
@@ -165,7 +180,8 @@ def main(argv: Sequence[str] | None = None) -> dict[str, float]:
     cpu = f"{torch.get_num_threads()} threads" if device.type == "cpu" else ""
     name = torch.cuda.get_device_name(device) if device.type == "cuda" else f"cpu, {cpu}"
     print(f"{args.ckpt}: val BLEU {scores.bleu:.2f}, {len(references)} sentences; {name}; "
-          f"torch {torch.__version__}; median of {args.rounds} rounds")  # fmt: skip
+          f"torch {torch.__version__}; median of {args.rounds} rounds"
+          + "".join(f"; maps {m}" for m in args.maps))  # fmt: skip
     print("| part of a validation | seconds |\n|---|---:|")
     for part, value in medians.items():
         print(f"| {part} | {value:.2f} |")
