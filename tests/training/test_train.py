@@ -24,7 +24,15 @@ from omegaconf import OmegaConf
 
 import transformer.data.prepare
 import transformer.translate
-from tests.tiny import CONFIGS, REPO, compose_cfg, read_metrics, script_env, tiny_overrides
+from tests.tiny import (
+    ATTENTION_MAPS_OFF,
+    CONFIGS,
+    REPO,
+    compose_cfg,
+    read_metrics,
+    script_env,
+    tiny_overrides,
+)
 from transformer import Transformer, TransformerConfig
 from transformer.checkpoints import load_checkpoint, model_from_checkpoint
 from transformer.config import ATTENTION_TYPES
@@ -718,6 +726,7 @@ def test_multi30k_smoke(tmp_path):
         "trainer.num_sanity_val_steps=0",
         "trainer.enable_progress_bar=false",
         "validation.bleu_sentences=16",
+        ATTENTION_MAPS_OFF,  # the maps' figures (~11 s of CPU): tests/analysis/ runs them
     ]
     metrics = train(compose_cfg(overrides, tmp_path))
     assert math.isfinite(metrics["val/loss"]) and "val/bleu" in metrics
