@@ -77,8 +77,9 @@ def wandb_should_run_offline(offline: bool = False) -> tuple[bool, str]:
 class OfflineFallbackWandbLogger(WandbLogger):
     """A ``WandbLogger`` that runs offline when it cannot run online.
 
-    Online start-up is bounded by ``init_timeout`` seconds (wandb's own ``init_timeout`` setting);
-    if it fails, the run starts again offline. Either way, an offline run is announced once, with
+    The run's online start is bounded by ``init_timeout`` seconds (wandb's own ``init_timeout``
+    setting; wandb's check of the API key comes before it, with retries of its own); if it fails,
+    the run starts again offline. Either way, an offline run is announced once, with
     its directory and the ``wandb sync`` command.
     """
 
