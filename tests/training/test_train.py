@@ -745,7 +745,7 @@ def test_wandb_falls_back_offline_when_the_server_is_unreachable(tmp_path):
         "logging.basicConfig(level=logging.INFO)\n"
         "from transformer.training.loggers import OfflineFallbackWandbLogger\n"
         f"lg = OfflineFallbackWandbLogger(project='p', save_dir={str(tmp_path / 'out')!r},"
-        " init_timeout=3)\n"
+        " init_timeout=1)\n"
         "lg.log_metrics({'x': 1.0}, step=0)\n"
         "print('MODE', lg.experiment.settings.mode)\n"
         "wandb.finish()\n"
