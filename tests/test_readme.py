@@ -50,9 +50,14 @@ def test_readme_has_python_blocks() -> None:
 NEEDS_CHECKPOINT = "# needs a trained checkpoint"  # a block's first line: compiled, not run
 
 
+# docs/benchmarks.md's blocks time things (seconds of work): the full suite runs them, the fast
+# lane (-m "not slow") leaves them out
+TIMED = ROOT / "docs" / "benchmarks.md"
+
+
 @pytest.mark.parametrize(
     "page, block",
-    BLOCKS,
+    [pytest.param(p, b, marks=[pytest.mark.slow] if p == TIMED else []) for p, b in BLOCKS],
     ids=[f"{p.relative_to(ROOT)}-block{i}" for i, (p, _) in enumerate(BLOCKS)],
 )
 def test_readme_python_block_runs(page: Path, block: str) -> None:
