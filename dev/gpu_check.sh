@@ -365,8 +365,9 @@ stage2() {
   : >"$validation"
   local args=(--data "$DATA" --device cuda --rounds 3)
   # (a dry run's maps as its training's: one type, one probe)
-  ((DRY)) && args=(--data "$DATA" --device cpu --rounds 1 --cache-dir "$TMP/cache" --max-tokens 256,2048
-    --maps "types=[cross]" --maps num_probes=1 --maps stats_sentences=8 --maps num_samples=2)
+  ((DRY)) && args=(--data "$DATA" --device cpu --rounds 1 --cache-dir "$TMP/cache"
+    --max-tokens 256,2048 --maps "types=[cross]" --maps num_probes=1 --maps stats_sentences=8
+    --maps num_samples=2)
   run_step 150 "$validation" "$PY" bench/bench_validation.py "$ckpt" "${args[@]}"
   record "bench_validation" "$STATUS" "$LAST_SECONDS" "$(bench_note validation "$validation")"
 }
