@@ -9,13 +9,13 @@ import pytest
 from omegaconf import OmegaConf
 
 from bench.bench_validation import map_options
-from transformer.configs import CONFIG_DIR
+from tests.tiny import compose_cfg
 
 
 def recipe() -> dict:
-    options = OmegaConf.to_container(
-        OmegaConf.load(CONFIG_DIR / "callbacks" / "default.yaml").attention_maps
-    )
+    """The attention-map callback's options as ``python train.py`` composes them, less its class
+    and folder."""
+    options = OmegaConf.to_container(compose_cfg([]).callbacks.attention_maps)
     return {k: v for k, v in options.items() if k not in ("_target_", "out_dir")}
 
 
