@@ -1,4 +1,5 @@
 import os
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,22 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     threads = max(1, (os.cpu_count() or 1) // workers)
     os.environ["OMP_NUM_THREADS"] = str(threads)
     torch.set_num_threads(threads)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if hasattr(config.option, "loadscopereorder"):  # pytest-xdist: the order is ours (below)
+        config.option.loadscopereorder = False
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The order ``pytest -n --dist loadfile`` hands the files out in: those marked ``heavy``
+    first, then the rest by their number of tests, most first (pytest-xdist's own order). A
+    worker takes its next file as it starts the last tests of its current one, so a long file
+    handed out last would run while the other worker idles; handed out first, the short files
+    fill the end and both workers finish together. A file's tests keep their order."""
+    tests = Counter(item.path for item in items)
+    heavy = {item.path for item in items if item.get_closest_marker("heavy")}
+    items.sort(key=lambda item: (item.path not in heavy, -tests[item.path]))
 
 
 @pytest.fixture(autouse=True)

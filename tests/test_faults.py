@@ -49,6 +49,8 @@ from transformer.prune import main as prune_main
 from transformer.training import lit_module, run_dir, train
 from transformer.training.callbacks import AtomicCheckpointIO
 
+pytestmark = pytest.mark.heavy
+
 
 def fail_mid_write(monkeypatch) -> None:
     """Make the next checkpoint write put out half its bytes, then fail (a full disk, a kill)."""

@@ -19,6 +19,8 @@ from transformer.evaluation import evaluate
 from transformer.metrics import score_translations
 from transformer.training import train
 
+pytestmark = pytest.mark.heavy
+
 
 def short_pairs(n: int, seed: int) -> tuple[list[str], list[str]]:
     return sentence_pairs(n, seed, max_words=6)

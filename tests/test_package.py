@@ -15,6 +15,8 @@ import pytest
 
 from tests.tiny import REPO, tiny_overrides
 
+pytestmark = pytest.mark.heavy
+
 COMMANDS = [
     "transformer-train",
     "transformer-evaluate",

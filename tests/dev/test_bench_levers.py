@@ -25,7 +25,7 @@ from dev.bench_levers import (
 from tests.tiny import compose_cfg
 from transformer.training.config_checks import validate_config
 
-pytestmark = pytest.mark.bench  # a script of bench/ or dev/
+pytestmark = [pytest.mark.bench, pytest.mark.heavy]  # a script of bench/ or dev/
 
 
 def leaves(tree: dict, prefix: str = "") -> dict[str, Any]:

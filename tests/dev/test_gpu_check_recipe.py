@@ -10,7 +10,7 @@ import pytest
 
 from tests.dev.gpu_check_dry import SPLITS, check_stage, dry_fixture, read
 
-pytestmark = [pytest.mark.slow, pytest.mark.bench]
+pytestmark = [pytest.mark.slow, pytest.mark.bench, pytest.mark.heavy]
 dry = dry_fixture("recipe")  # the stage's dry run, once for the module
 
 

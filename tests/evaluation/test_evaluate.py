@@ -39,6 +39,8 @@ from transformer.evaluation import evaluate
 from transformer.line_batches import length_batches
 from transformer.training import train
 
+pytestmark = pytest.mark.heavy
+
 
 @pytest.fixture(scope="module")
 def trained(corpus, tmp_path_factory) -> tuple[Path, Path]:

@@ -25,6 +25,8 @@ from transformer.decoding import DecodeOptions
 from transformer.export.hf_import import model_config, train_overrides
 from transformer.translate import Translator
 
+pytestmark = pytest.mark.heavy
+
 transformers = pytest.importorskip("transformers", reason="the reference: pip install transformers")
 
 PAGE = REPO / "docs" / "finetune.md"

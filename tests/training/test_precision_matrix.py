@@ -24,6 +24,8 @@ from transformer.checkpoints import load_checkpoint
 from transformer.errors import ConfigError
 from transformer.training import train, trainer
 
+pytestmark = pytest.mark.heavy
+
 PRECISIONS = ["32-true", "bf16-mixed", "16-mixed"]
 MATRIX = list(
     itertools.product(PRECISIONS, [False, True], [False, True], [1, 2], [False, True])

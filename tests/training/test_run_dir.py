@@ -16,6 +16,8 @@ from torch.distributed import TCPStore
 from tests.tiny import CONFIGS, REPO, script_env, tiny_overrides
 from transformer.training import run_dir  # noqa: F401 (registers ${launch_name:...})
 
+pytestmark = pytest.mark.heavy
+
 LAUNCHERS = ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_USE_AGENT_STORE", "SLURM_STEP_ID")
 STAMP = r"\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d\.\d{6}"  # the run directory's time stamp
 

@@ -44,6 +44,8 @@ from transformer.training.config_checks import model_config, validate_config
 from transformer.training.epoch_checkpoint import EpochCheckpoint
 from transformer.training.run import build_datamodule, train, validation_tokens
 
+pytestmark = pytest.mark.heavy
+
 EXPERIMENTS = sorted(p.stem for p in (CONFIGS / "experiment").glob("*.yaml"))
 DEBUGS = sorted(p.stem for p in (CONFIGS / "debug").glob("*.yaml"))
 MODELS = sorted(p.stem for p in (CONFIGS / "model").glob("*.yaml"))
