@@ -42,6 +42,7 @@ the profiles and the categories as JSON.
     python bench/bench_train.py --preset base --set data.pad_to_multiple=8 --no-peers \\
         --variant graphs "compile=true data.num_buckets=8"
     python bench/bench_train.py --dry-run                     # tiny, CPU, seconds
+    python bench/bench_train.py --preset big --compose-only   # its config, checked; no step
 
 Presets (train.py overrides, bench/product_step.py; --model, --vocab, --tokens, --dropout
 override them):
@@ -112,6 +113,7 @@ import importlib.util
 import json
 import shlex
 import sys
+import tempfile
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
@@ -137,7 +139,9 @@ from bench.product_step import (
     StepClock,
     StepTimer,
     as_tensors,
+    compose_config,
     corpus_batches,
+    model_config,
     padding_share,
     product,
     synthetic_batches,
@@ -312,6 +316,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--padding-only", action="store_true",
         help="print each system's batches' padding (of its products' FLOPs) and stop: no step",
     )  # fmt: skip
+    p.add_argument(
+        "--compose-only", action="store_true",
+        help="compose and check ours and each variant as train.py does, print them and stop: no "
+        "batch, no model, no step",
+    )  # fmt: skip
     p.add_argument("--peak-tflops", type=float, default=None, help="override the device's peak")
     p.add_argument("--threads", type=int, default=None, help="CPU threads (torch default)")
     p.add_argument("--seed", type=int, default=0)
@@ -321,6 +330,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="the tiny preset on CPU, 4 timed batches: every code path in seconds",
     )  # fmt: skip
     args = p.parse_args(argv)
+    if args.compose_only and (args.padding_only or args.dry_run):
+        p.error("--compose-only composes the preset's config: not with --padding-only or --dry-run")
     if args.profile_steps < 0:
         p.error(f"--profile-steps {args.profile_steps}: a number of steps, 0 or more")
     if args.dry_run:
@@ -524,9 +535,12 @@ def main(argv: Sequence[str] | None = None) -> Result:
         keep_freed_memory()  # glibc's heap as train() sets it: the process's, the peers' too
     notes: list[str] = []
     base = overrides(args, device)
-    systems = {OURS: product(base)}
-    for name, extra in args.variant:
-        systems[f"ours, {name}"] = product([*base, *shlex.split(extra)])
+    configs = {OURS: base, **{f"ours, {n}": [*base, *shlex.split(e)] for n, e in args.variant}}
+    if args.compose_only:
+        for name, changes in configs.items():
+            print(composed(name, changes))
+        return Result([], notes)
+    systems = {name: product(changes) for name, changes in configs.items()}
     ours = systems[OURS]
     cfg = ours.model_cfg
     precision = resolve_precision(ours.cfg.trainer)
@@ -586,6 +600,20 @@ def main(argv: Sequence[str] | None = None) -> Result:
     if args.out is not None:
         write_steps(args.out, args, ours, device, precision, result)
     return result
+
+
+def composed(name: str, changes: list[str]) -> str:
+    """A system's config as ``train.py`` composes and checks it (a bad option raises here), in
+    a line: its model, precision and compile setting, and its overrides."""
+    with tempfile.TemporaryDirectory() as out:  # the run directory it names; nothing is written
+        cfg = compose_config(changes, Path(out))
+    m = model_config(cfg)
+    return (
+        f"{name}: d_model={m.d_model} heads={m.num_heads} layers={m.num_encoder_layers}+"
+        f"{m.num_decoder_layers} d_ff={m.d_ff} vocab={m.tgt_vocab_size} "
+        f"precision={cfg.trainer.precision} compile={cfg.get('compile')}; "
+        f"train.py {' '.join(changes)}"
+    )
 
 
 def environment(device: torch.device) -> str:

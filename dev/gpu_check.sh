@@ -36,7 +36,8 @@
 #
 # --dry-run runs every step at tiny size on the CPU (tiny model, a synthetic corpus unless
 # --data DIR, bench scripts at their test sizes, pytest --collect-only, torch.compile switched
-# off by TORCHDYNAMO_DISABLE): the command lines of a real run, checked anywhere in minutes.
+# off by TORCHDYNAMO_DISABLE; a run that would repeat another's tiny work is composed and checked
+# only): the command lines of a real run, checked anywhere in minutes.
 #
 # The interpreter is $PYTHON, default python3 (the venv's, when one is active).
 set -euo pipefail
@@ -276,12 +277,9 @@ stage1() {
   # fixed order and its reverse, then 20 steps of ours profiled by category. First ours against
   # torch.nn.Transformer and MarianMTModel at each size; then ours against ours compiled alone
   # (a compilation that runs long costs those runs only), at the recipe's size and base.
-  local common=(--data "$DATA")
+  local common=(--data "$DATA") compose=()
   local compile_env=()
-  if ((DRY)); then
-    common=(--dry-run --data "$DATA" --data-vocab "$DRY_VOCAB" --cache-dir "$TMP/cache")
-    compile_env=(env TORCHDYNAMO_DISABLE=1)
-  fi
+  ((DRY)) && dry_bench_options
   local run preset limit extra merged=()
   # GPU_CHECK_RUNS: a subset (e.g. "base big") to rerun the runs that failed.
   for run in ${GPU_CHECK_RUNS:-recipe base big recipe-compiled base-compiled}; do
@@ -291,11 +289,24 @@ stage1() {
       big) limit=150 extra=() ;;
       *) limit=120 extra=() ;;
     esac
+    # A dry run trains the tiny model whatever the preset: recipe and recipe-compiled train it,
+    # the other presets are composed and checked (what a dry run can tell of them).
+    local options=("${common[@]}")
+    ((DRY)) && [[ $preset != recipe ]] && options=("${compose[@]}")
     bench_run "$bench" "$run" "$preset" "$limit" "$WORK/bench_train_$run.json" \
-      "${common[@]}" "${extra[@]}"
+      "${options[@]}" "${extra[@]}"
     merged+=("$run=$WORK/bench_train_$run.json")
   done
   "${HELP[@]}" merge-json "$OUT_DIR/train_steps.json" "${merged[@]}" >>"$bench" 2>&1 || true
+}
+
+# A dry run's bench_train options (the caller's locals): common, the tiny model trained on the
+# CPU; compose, the preset's config composed and checked, nothing trained (--compose-only).
+dry_bench_options() {
+  local data=(--data "$DATA" --data-vocab "$DRY_VOCAB" --cache-dir "$TMP/cache")
+  common=(--dry-run "${data[@]}")
+  compose=(--compose-only --device cpu "${data[@]}")
+  compile_env=(env TORCHDYNAMO_DISABLE=1)
 }
 
 # bench_run LOG NAME PRESET LIMIT JSON [OPTION...]: one bench_train run (its output appended to
@@ -306,7 +317,13 @@ bench_run() {
   rm -f "$json"
   run_step "$limit" "$log" "${compile_env[@]}" "$PY" bench/bench_train.py --preset "$preset" \
     "$@" --out "$json"
-  record "bench_train $name" "$STATUS" "$LAST_SECONDS" "$(bench_note train "$log")"
+  local note
+  if [[ $STATUS == ok && " $* " == *" --compose-only "* ]]; then
+    note="dry run: composed only"
+  else
+    note=$(bench_note train "$log")
+  fi
+  record "bench_train $name" "$STATUS" "$LAST_SECONDS" "$note"
 }
 
 # pytest's result lines ("170 passed, 9 skipped in 80s", "179 tests collected in 4s") of the
@@ -478,12 +495,9 @@ stage_step() {
   # the product makes them: a warm pass over every shape, 30 timed batches a system, then 20
   # steps of ours and of each variant (train.py overrides, each in a fit of its own) profiled by
   # category. Run by run, most wanted first: a run that runs out of time costs itself alone.
-  local common=(--data "$DATA" --steps 30 --profile-steps 20)
+  local common=(--data "$DATA" --steps 30 --profile-steps 20) compose=()
   local compile_env=()
-  if ((DRY)); then
-    common=(--dry-run --data "$DATA" --data-vocab "$DRY_VOCAB" --cache-dir "$TMP/cache")
-    compile_env=(env TORCHDYNAMO_DISABLE=1)
-  fi
+  ((DRY)) && dry_bench_options
   # Liger-Kernel travels as a wheel (../shared/tools/device-wheels.sh liger-kernel==0.8.5) and
   # needs Triton on CUDA: without them its loss is left out.
   local liger=()
@@ -509,8 +523,11 @@ stage_step() {
       *) record "bench_train $run" FAIL 0 "unknown run (base, recipe, big, base-graphs)"
         continue ;;
     esac
+    # (a dry run: big and base-graphs would repeat base's and recipe's tiny work; composed only)
+    local options=("${common[@]}")
+    ((DRY)) && [[ $run == big || $run == base-graphs ]] && options=("${compose[@]}")
     bench_run "$bench" "$run" "$preset" "$limit" "$WORK/step_$run.json" \
-      "${common[@]}" "${extra[@]}"
+      "${options[@]}" "${extra[@]}"
     merged+=("$run=$WORK/step_$run.json")
   done
   "${HELP[@]}" merge-json "$OUT_DIR/step_runs.json" "${merged[@]}" >>"$bench" 2>&1 || true

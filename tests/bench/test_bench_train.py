@@ -32,6 +32,7 @@ from tests.tiny import compose_cfg, tiny_overrides
 from transformer import Transformer, TransformerConfig
 from transformer.data.synthetic import write_corpus
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID
+from transformer.errors import ConfigError
 from transformer.training import train
 
 pytestmark = pytest.mark.bench  # a script of bench/ or dev/
@@ -296,6 +297,27 @@ def test_a_variant_is_ours_with_more_train_py_overrides() -> None:
     variant = product([*base, "model.positions=rope"])
     assert variant.model_cfg.positions == "rope" and variant.model_cfg.d_model == 512
     assert variant.cfg.data.pad_to_multiple == 8
+
+
+def test_compose_only_checks_the_presets_own_config_and_each_variant_and_builds_nothing(
+    capsys, monkeypatch
+) -> None:
+    def no_product(*args, **kwargs):
+        raise AssertionError("--compose-only built a model")
+
+    monkeypatch.setattr(bench_train, "product", no_product)
+    variant = ["--variant", "graphs", "compile=true data.num_buckets=4"]
+    result = main(["--preset", "big", "--compose-only", "--device", "cpu", *variant])
+    assert result.rows == [] and result.steps == []
+    ours, graphs = capsys.readouterr().out.splitlines()[-2:]
+    assert ours.startswith("ours: d_model=1024 heads=16 layers=6+6 d_ff=4096 vocab=32000 ")
+    assert " compile=False; train.py model=big " in ours and ours.endswith(" seed=0")
+    assert graphs.startswith("ours, graphs: d_model=1024 ") and " compile=True; " in graphs
+    assert graphs.endswith("seed=0 compile=true data.num_buckets=4")
+    with pytest.raises(ConfigError, match=r"loss\.kernel=compild"):  # as train.py refuses it
+        main(["--preset", "base", "--compose-only", "--variant", "typo", "loss.kernel=compild"])
+    with pytest.raises(SystemExit):  # --dry-run would compose the tiny preset instead
+        bench_train.parse_args(["--preset", "big", "--compose-only", "--dry-run"])
 
 
 def test_padding_only_prints_each_systems_padding_and_runs_no_step(capsys) -> None:

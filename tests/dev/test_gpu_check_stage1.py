@@ -1,5 +1,5 @@
-"""dev/gpu_check.sh stage 1 (training speed), dry-run on CPU: bench_train at every size, each
-step's timings kept, the machine named."""
+"""dev/gpu_check.sh stage 1 (training speed), dry-run on CPU: bench_train on the tiny model, each
+step's timings kept, every other preset's config composed, the machine named."""
 
 from __future__ import annotations
 
@@ -14,14 +14,16 @@ pytestmark = [pytest.mark.slow, pytest.mark.bench, pytest.mark.heavy]
 dry = dry_fixture("1")  # the stage's dry run, once for the module
 
 
-def test_stage_1_exits_0_with_its_files_and_a_table_per_size(dry) -> None:
+def test_stage_1_exits_0_with_its_files_and_a_table_per_trained_run(dry) -> None:
     results = check_stage("1", dry)
-    for preset in ("recipe", "base", "big"):  # bench_train: ours and its peer at each size
-        assert re.search(rf"^\| {preset} \| ours \| [\d,]+ \| [\d.]+ / [\d.]+ / [\d.]+ \|",
-                         results, re.M)  # fmt: skip
-        assert re.search(rf"^\| {preset} \| torch\.nn\.Transformer \| .* \| [\d.]+x \|$",
-                         results, re.M)  # fmt: skip
+    # bench_train: ours and its peers on the tiny model, then ours against ours compiled
+    assert re.search(r"^\| recipe \| ours \| [\d,]+ \| [\d.]+ / [\d.]+ / [\d.]+ \|", results, re.M)
+    assert re.search(r"^\| recipe \| torch\.nn\.Transformer \| .* \| [\d.]+x \|$", results, re.M)
     assert re.search(r"^\| recipe-compiled \| ours, compiled \| .* \| [\d.]+x \|$", results, re.M)
+    summary = read(dry[1], "summary.txt")
+    for run in ("base", "big", "base-compiled"):  # the same tiny work again: composed only
+        assert re.search(rf"^\| 1 \| bench_train {run} \| ok \| \d+ \| dry run: composed only",
+                         summary, re.M)  # fmt: skip
 
 
 def test_env_file_names_the_machine(dry) -> None:
@@ -34,13 +36,21 @@ def test_env_file_names_the_machine(dry) -> None:
     assert re.search(r"^sdpa_bf16_masked=ok", env, re.M)
 
 
-def test_training_bench_keeps_every_step_of_every_size(dry) -> None:
+def test_training_bench_keeps_every_step_and_composes_each_presets_own_config(dry) -> None:
     bench = read(dry[1], "train_bench.txt")
-    commands = re.findall(r"^\$ .*bench_train\.py --preset (\w+) .*$", bench, re.M)
-    assert commands == ["recipe", "base", "big", "recipe", "base"]
-    assert len(re.findall(r"^\| ours \| [\d.]+M \| [\d,]+ \|", bench, re.M)) == 5
+    commands = re.findall(r"^\$ .*bench_train\.py --preset (\w+) (--\S+) .*$", bench, re.M)
+    assert commands == [("recipe", "--dry-run"), ("base", "--compose-only"),
+                        ("big", "--compose-only"), ("recipe", "--dry-run"),
+                        ("base", "--compose-only")]  # fmt: skip
+    assert len(re.findall(r"^\| ours \| [\d.]+M \| [\d,]+ \|", bench, re.M)) == 2
+    # the presets' own models, checked as train.py checks them, and the compiled variant's
+    composed = re.findall(r"^(ours[^:]*): d_model=(\d+) .* compile=(\w+); train\.py model=(\w+) ",
+                          bench, re.M)  # fmt: skip
+    assert composed == [("ours", "512", "False", "base"), ("ours", "1024", "False", "big"),
+                        ("ours", "512", "False", "base"),
+                        ("ours, compiled", "512", "True", "base")]  # fmt: skip
     runs = json.loads(read(dry[1], "train_steps.json"))
-    assert list(runs) == ["recipe", "base", "big", "recipe-compiled", "base-compiled"]
+    assert list(runs) == ["recipe", "recipe-compiled"]
     for label, run in runs.items():
         names = [r["name"] for r in run["systems"]]
         if label.endswith("-compiled"):
