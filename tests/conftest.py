@@ -21,24 +21,25 @@ if workers := int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "0")):
     torch.set_num_threads(threads)
 
 
-def by_file(config: pytest.Config) -> bool:
-    """pytest-xdist hands out whole files (``--dist loadfile``, the whole suite's command)."""
-    return getattr(config.option, "dist", None) == "loadfile"
+# Set by the process that runs ``pytest -n --dist loadfile`` (the whole suite's command) for the
+# workers it starts: xdist tells a worker nothing of how its files are handed out.
+HEAVY_FIRST = "TESTS_HEAVY_FILES_FIRST"
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    if by_file(config):  # the order is ours (below), not pytest-xdist's
-        config.option.loadscopereorder = False
+    if getattr(config.option, "dist", None) == "loadfile":
+        config.option.loadscopereorder = False  # the order is ours (below), not pytest-xdist's
+        os.environ[HEAVY_FIRST] = "1"
 
 
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     """The order ``pytest -n --dist loadfile`` hands the files out in: those marked ``heavy``
     first, then the rest by their number of tests, most first (pytest-xdist's own order). A
     worker takes its next file as it starts the last tests of its current one, so a long file
     handed out last would run while the other worker idles; handed out first, the short files
     fill the end and both workers finish together. A file's tests keep their order. Other runs
     (the fast lane's test by test, plain ``pytest``) keep the collection's order."""
-    if not by_file(config):
+    if os.environ.get(HEAVY_FIRST) != "1":
         return
     tests = Counter(item.path for item in items)
     heavy = {item.path for item in items if item.get_closest_marker("heavy")}
