@@ -41,6 +41,10 @@ def error_line(main, args: list[str], monkeypatch, capsys) -> str:
         (train_main, ["model.d_model=["],
          "error: model.d_model=[: not an override Hydra can read (no viable alternative at "
          "input '[')"),
+        (evaluate_main, ["ckpt_path=x.ckpt", "data.target_token=>>fra<<"],
+         "error: data.target_token=>>fra<<: not an override Hydra can read "
+         "(LexerNoViableAltException: data.target_token=>>fra<<); quote the value for Hydra, "
+         "inside the shell's quotes: 'data.target_token=\">>fra<<\"'"),
         (evaluate_main, ["ckpt_path=x.ckpt", "decode.beam=3"],
          "error: decode.beam=3: no such option; did you mean decode.beam_size? (to add a new "
          "key, write +decode.beam=3)"),

@@ -49,7 +49,13 @@ def composition_error(err: Exception, config_name: str) -> str:
     """Hydra's composition error in one line: the option, why, and the fix."""
     message = str(err).strip()
     if isinstance(err, OverrideParseException):
-        return f"{err.override}: not an override Hydra can read ({message.splitlines()[0]})"
+        why = f"{err.override}: not an override Hydra can read ({message.splitlines()[0]})"
+        key, _, value = err.override.partition("=")
+        if value and re.search("LexerNoViableAlt|token recognition error", message):
+            # a character the grammar takes only in quotes, such as OPUS-MT's >>fra<<
+            quoted = f"'{key}=\"{value}\"'"
+            return f"{why}; quote the value for Hydra, inside the shell's quotes: {quoted}"
+        return why
     if match := re.match(r"Could not override '([^']+)'", message):
         key = match[1]
         given = next((a for a in sys.argv[1:] if a.split("=", 1)[0] == key), key)

@@ -69,6 +69,62 @@ def test_tags_and_target_tokens_are_one_piece_first_in_the_sources(tmp_path, cor
     assert tok._sp.encode(f"<2fr> {line}")[:2] == [tok._sp.piece_to_id("\u2581"), fr]
 
 
+def test_a_token_given_as_it_is_goes_before_its_corpus_sources(tmp_path, corpora) -> None:
+    """``data.target_token`` may name the token itself (an OPUS-MT model's ``>>fra<<``): it goes
+    before the sources of every corpus that does not set its own, in training (before a tag)
+    and in validation, one piece of the SentencePiece model trained on them."""
+    entries = [
+        {"root": str(corpora["parallel"])},
+        {"root": str(corpora["bt"]), "tag": "<bt>"},
+        {"root": str(corpora["fr"]), "tgt_lang": "fr", "target_token": ">>fra<<"},
+    ]
+    dm = build(tmp_path, entries, target_token=">>deu<<")
+    tok = dm.src_tokenizer
+    de, fr, bt = (tok._sp.piece_to_id(p) for p in (">>deu<<", ">>fra<<", "<bt>"))
+    assert len({de, fr, bt, 1}) == 4 and tok._sp.piece_to_id("<2de>") == 1
+    train = dm.split("train")
+    firsts = Counter(tuple(train[i][1][:2].tolist()) for i in range(len(train)))
+    assert firsts[de, bt] == 80 and sum(n for (a, _), n in firsts.items() if a == fr) == 100
+    assert sum(n for (a, b), n in firsts.items() if a == de and b != bt) == 120
+    assert (dm.source_prefix("en-de"), dm.source_prefix("en-fr")) == ((">>deu<<",), (">>fra<<",))
+    line = dm.sources("val", "en-fr")[0]
+    assert dm.split("val", "en-fr")[0][1].tolist() == [fr, *tok.encode(line)]
+    assert tok.encode(f">>fra<< {line}") == [fr, *tok.encode(line)]
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        ({"target_token": "> >"}, r"data.target_token must be true .*got '> >'"),
+        ({"target_token": 2}, r"data.target_token must be true .*got 2"),
+        (
+            {"corpora": [{"target_token": ""}]},
+            r"data.corpora\[0\].target_token must be true .*got ''",
+        ),
+        (
+            {"corpora": [{}, {"tgt_lang": "fr"}], "target_token": ">>deu<<"},
+            r"data.corpora\[1\] puts target token >>deu<< before its sources, as a corpus into "
+            r"de does, but it translates into fr: give each target language its own token",
+        ),
+    ],
+)
+def test_a_target_token_that_cannot_work_is_refused_by_name(corpora, data, message) -> None:
+    with pytest.raises(DataError, match=message):
+        TranslationDataModule(source="local", root=str(corpora["parallel"]), **data)
+
+
+def test_a_resume_keeps_each_corpus_target_token() -> None:
+    from transformer.errors import ConfigError
+    from transformer.training.resume import check_data_settings
+
+    was = {"source": "local", "src_lang": "en", "tgt_lang": "de"}
+    was["corpora"] = [{"tgt_lang": "de"}, {"tgt_lang": "fr", "target_token": ">>fra<<"}]
+    check_data_settings(was, dict(was), "last.ckpt")
+    now = {**was, "corpora": [{"tgt_lang": "de"}, {"tgt_lang": "fr", "target_token": ">>fr<<"}]}
+    with pytest.raises(ConfigError, match=r"trained with data.corpora\[1\].target_token=>>fra<<"):
+        check_data_settings(was, now, "last.ckpt")
+
+
 def test_validation_and_references_per_direction(tmp_path, corpora) -> None:
     entries = [
         {"root": str(corpora["parallel"])},

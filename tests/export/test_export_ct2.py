@@ -516,6 +516,12 @@ def test_a_multilingual_models_readme_names_its_target_tokens() -> None:
     user = ["<bt>", ">>fra<<", ">>deu<<"]  # a source tokenizer's user-defined pieces
     assert ct2_readme.target_tokens({"tgt_lang": None}, user) == [">>fra<<", ">>deu<<"]
     assert "several languages" not in ct2_readme.usage(256, DecodeOptions())
+    # fine-tuned with a token given as it is: its own, and those the model came with, once each
+    tuned = {**data, "target_token": ">>deu<<", "corpora": None}
+    assert ct2_readme.target_tokens(tuned) == [">>deu<<"]
+    assert ct2_readme.target_tokens(tuned, user) == [">>fra<<", ">>deu<<"]
+    readme = ct2_readme.usage(256, DecodeOptions(), [">>deu<<"])
+    assert "This model was trained with >>deu<<: put it before each source" in readme
 
 
 # -- target prefixes: ours equal CTranslate2's target_prefix ------------------------------

@@ -29,7 +29,7 @@ from transformer.checkpoints import tokenizers_from_checkpoint as tokenizers
 from transformer.config import TransformerConfig
 from transformer.data.tokenizer import BOS_ID, EOS_ID, PAD_ID, UNK_ID
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode
-from transformer.errors import ConfigError
+from transformer.errors import ConfigError, DataError
 from transformer.evaluation import evaluate
 from transformer.export.hf_import import BLOCKED_LOGIT, import_marian, main, train_overrides
 from transformer.translate import Translator
@@ -266,6 +266,53 @@ def test_a_multilingual_model_scores_and_fine_tunes_on_sources_that_carry_the_to
     overrides += ["data.max_len=60", "trainer.max_steps=3"]  # (the tiny model: 64 positions)
     metrics = train_run(compose_cfg(overrides, tmp_path / "tuned"))
     assert math.isfinite(metrics["train/loss"])
+
+
+@pytest.mark.slow
+def test_data_target_token_puts_the_models_token_before_sources_that_lack_it(
+    multilingual, tmp_path
+) -> None:
+    """A corpus whose source lines do not carry the token: ``data.target_token='>>deu<<'`` puts
+    it there, so ``evaluate.py split=test`` and ``input=FILE`` translate as the lines written
+    with it do, and ``init_from`` fine-tunes with it (the tuned checkpoint records it and puts
+    it before its inputs); a token the model lacks is refused, naming the model's."""
+    src, tgt = data_pairs(40, seed=5)
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    for split, rows in (("train", slice(0, 24)), ("val", slice(24, 32)), ("test", slice(32, 40))):
+        write_lines(corpus / f"{split}.en", src[rows])
+        write_lines(corpus / f"{split}.de", tgt[rows])
+    token = f"data.target_token='{CODES[1]}'"
+    data = ["data.source=local", f"data.root={corpus}", token]
+    short = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=12", "decode.min_len=0"]
+    greedy = DecodeOptions(strategy="greedy", max_len_a=0.0, max_len_b=12, min_len=0)
+    written = [f"{CODES[1]} {line}" for line in src[32:]]
+    want = [t[0].text for t in ours(multilingual).translate(written, greedy)]
+    assert want != [t[0].text for t in ours(multilingual).translate(src[32:], greedy)]
+    run = tmp_path / "split"
+    evaluate(compose_eval_cfg([f"ckpt_path={multilingual}", *data, "split=test", *short], run))
+    assert (run / "hypotheses.txt").read_text().splitlines() == want
+    run, text = tmp_path / "input", write_lines(tmp_path / "input.en", src[32:])
+    evaluate(compose_eval_cfg([f"ckpt_path={multilingual}", f"input={text}", token, *short], run))
+    assert (run / "hypotheses.txt").read_text().splitlines() == want
+
+    model = TransformerConfig(**load_checkpoint(multilingual)["hyper_parameters"]["model"])
+    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
+    overrides = [*base, *train_overrides(model), f"init_from={multilingual}", token]
+    overrides += ["data.max_len=60", "trainer.max_steps=3"]  # (the tiny model: 64 positions)
+    train_run(compose_cfg(overrides, tmp_path / "tuned"))
+    tuned = tmp_path / "tuned" / "checkpoints" / "last.ckpt"
+    assert load_checkpoint(tuned)["datamodule_hyper_parameters"]["target_token"] == CODES[1]
+    run = tmp_path / "tuned_input"
+    evaluate(compose_eval_cfg([f"ckpt_path={tuned}", f"input={text}", *short], run))
+    assert (run / "hypotheses.txt").read_text().splitlines() == [
+        t[0].text for t in ours(tuned).translate(written, greedy)
+    ]
+    with pytest.raises(DataError, match=r"no piece >>de<<; its own tokens are >>fra<<, >>deu<<"):
+        evaluate(compose_eval_cfg(
+            [f"ckpt_path={multilingual}", *data[:2], "data.target_token='>>de<<'", *short],
+            tmp_path / "wrong",
+        ))  # fmt: skip
 
 
 def test_a_multilingual_model_exports_to_ctranslate2_with_its_tokens(

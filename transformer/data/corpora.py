@@ -7,11 +7,9 @@ mapping of the corpus keys below, which default to the ``data.*`` keys of the sa
   random half, drawn again each epoch;
 * ``tag`` (none): a token put before each of its training source sentences, e.g. ``<bt>`` for
   back-translated pairs (tagged back-translation, Caswell et al. 2019). Validation, test and
-  translation inputs carry no tag.
-
-``data.target_token=true`` puts ``<2xx>`` (xx: the target language) before every source sentence,
-in training, validation, test and translation, so that one model translates into several languages
-(Johnson et al. 2017). Tags and target tokens become pieces of their own in SentencePiece.
+  translation inputs carry no tag;
+* ``target_token`` (``data.target_token``): the token put before each of its source sentences,
+  in training, validation, test and translation (:mod:`transformer.data.source_tokens`).
 
 Validation and test read the val and test splits of the first corpus of each direction; the
 others (back-translated, distilled) are training data only (:class:`CorpusTexts`).
@@ -26,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from transformer.data.hf_source import HFSource
+from transformer.data.source_tokens import check_target_tokens, prefix_tokens, resolve_target_token
 from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
 from transformer.data.text_files import ParallelText, checked
 from transformer.errors import DataError
@@ -92,14 +91,9 @@ SOURCES = {  # data.source -> its kind
 # What an entry of data.corpora may set for itself; missing keys come from data.*: the keys of
 # every source, and those that a source of SOURCES reads (a test holds the two together)
 CORPUS_KEYS = (*COMMON_KEYS, *SOURCE_OPTIONS)
-ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag")
+ENTRY_KEYS = (*CORPUS_KEYS, "weight", "tag", "target_token")
 # What names a run's corpus, for every source: a resume must keep it
 CORPUS_IDENTITY = COMMON_KEYS[:3] + tuple(k for kind in SOURCES.values() for k in kind.identifies)
-
-
-def target_token(lang: str) -> str:
-    """The token that asks for a translation into ``lang``: ``<2de>``."""
-    return f"<2{lang}>"
 
 
 @dataclass(frozen=True)
@@ -110,6 +104,7 @@ class Corpus:
     splits: dict[str, str]  # train / val / test -> the corpus's split names
     weight: float = 1.0
     tag: str | None = None
+    target_token: str | None = None  # before each of its source sentences
 
     @property
     def direction(self) -> str:
@@ -158,7 +153,10 @@ def make_corpora(
             "val": opts["val_split"] or val,
             "test": opts["test_split"] or test,
         }
-        corpora.append(Corpus(source, splits, float(weight), tag))
+        token = entry.get("target_token", defaults.get("target_token"))
+        token = resolve_target_token(token, source.tgt_lang, where)
+        corpora.append(Corpus(source, splits, float(weight), tag, token))
+    check_target_tokens(corpora)
     return corpora
 
 
@@ -170,21 +168,6 @@ def validated(corpora: list[Corpus]) -> dict[str, int]:
     return first
 
 
-def prefix_tokens(corpus: Corpus, target_tokens: bool, training: bool) -> tuple[str, ...]:
-    """The tokens before each source sentence of ``corpus``: its target token (with
-    ``target_tokens``), then in training its tag."""
-    tokens = (target_token(corpus.source.tgt_lang),) if target_tokens else ()
-    return (*tokens, corpus.tag) if training and corpus.tag else tokens
-
-
-def special_tokens(corpora: list[Corpus], target_tokens: bool) -> tuple[str, ...]:
-    """The tags and target tokens the corpora use, sorted: SentencePiece keeps each one piece."""
-    tokens = {c.tag for c in corpora if c.tag}
-    if target_tokens:
-        tokens |= {target_token(c.source.tgt_lang) for c in corpora}
-    return tuple(sorted(tokens))
-
-
 Key = tuple[int, str]  # (corpus index, split name)
 
 
@@ -193,8 +176,8 @@ class CorpusTexts:
     and their texts. A validation or test split is read whole once and kept (BLEU's
     references; small), a training split only ever streamed (:meth:`chunks`)."""
 
-    def __init__(self, corpora: list[Corpus], target_token: bool = False) -> None:
-        self.corpora, self.target_token = corpora, target_token
+    def __init__(self, corpora: list[Corpus]) -> None:
+        self.corpora = corpora
         self.validated = validated(corpora)  # direction -> its corpus for val and test
         self.directions = list(self.validated)
         self._texts: dict[Key, ParallelText] = {}
@@ -227,16 +210,15 @@ class CorpusTexts:
         return self.corpora[self.corpus(direction)].splits.get(name, name)
 
     def source_prefix(self, direction: str | None = None) -> tuple[str, ...]:
-        """The tokens before each source sentence translated in ``direction``: its target token
-        with ``target_token``, else none (``Tokenizer.with_prefix`` puts them there)."""
-        corpus = self.corpora[self.corpus(direction)]
-        return prefix_tokens(corpus, self.target_token, training=False)
+        """The tokens before each source sentence translated in ``direction``: its corpus's
+        target token, if it has one (``Tokenizer.with_prefix`` puts them there)."""
+        return prefix_tokens(self.corpora[self.corpus(direction)], training=False)
 
     def prefix(self, c: int, split: str) -> tuple[str, ...]:
         """The tokens before each source sentence of corpus ``c``'s ``split`` (training: its tag
         too)."""
         corpus = self.corpora[c]
-        return prefix_tokens(corpus, self.target_token, training=split == corpus.splits["train"])
+        return prefix_tokens(corpus, training=split == corpus.splits["train"])
 
     def tag(self, c: int) -> str:
         return self.corpora[c].source.tag

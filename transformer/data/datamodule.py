@@ -81,7 +81,7 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         test_split: str | None = None,
         prepare_per_node: bool = True,
         corpora: list[dict[str, Any]] | None = None,
-        target_token: bool = False,
+        target_token: bool | str = False,
         spm_sampling: dict[str, Any] | None = None,
         **source_options: Any,
     ) -> None:
@@ -118,11 +118,11 @@ class TranslationDataModule(Batches, L.LightningDataModule):
         self.num_buckets, self.cache_dir = num_buckets, Path(cache_dir)
         # Built now (reading nothing), so that their checks of the options run before data work.
         self.corpora: list[Corpus] = make_corpora(corpora, self.hparams)
-        self.target_token, self.texts = target_token, CorpusTexts(self.corpora, target_token)
+        self.texts = CorpusTexts(self.corpora)
         self.directions = self.texts.directions
         self.tokenizer_files = tokenizer_files(
             self.cache_dir / "spm", self.corpora, vocab_size, spm_model_type, joint_vocab,
-            spm_train_sentences, target_token,
+            spm_train_sentences,
         )  # fmt: skip
         self._splits: dict[tuple[int, str], TokenizedSplit] = {}  # (corpus, split) ->
         self._train: TokenizedSplit | ConcatSplit | None = None  # all training pairs

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from transformer.atomic import sweep_temporaries
-from transformer.data.corpora import Corpus, CorpusTexts, Key, special_tokens
+from transformer.data.corpora import Corpus, CorpusTexts, Key
+from transformer.data.source_tokens import special_tokens
 from transformer.data.token_cache import (
     CACHE_FORMAT,
     DamagedCache,
@@ -103,7 +104,6 @@ def tokenizer_files(
     model_type: str,
     joint: bool,
     train_sentences: int,
-    target_token: bool,
 ) -> TokenizerFiles:
     """Where the corpora's SentencePiece models live in ``spm_dir``, and how they train."""
     src_langs = sorted({c.source.src_lang for c in corpora})
@@ -111,7 +111,7 @@ def tokenizer_files(
     return TokenizerFiles(
         spm_dir, "+".join(dict.fromkeys(c.source.tag for c in corpora)), "-".join(src_langs),
         "-".join(tgt_langs), vocab_size, model_type, joint, train_sentences,
-        special_tokens(corpora, target_token),
+        special_tokens(corpora),
     )  # fmt: skip
 
 

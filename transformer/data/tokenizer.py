@@ -119,6 +119,12 @@ class Tokenizer:
         model's target token, a corpus's tag), which must be pieces of the model."""
         ids = tuple(self._sp.piece_to_id(p) for p in pieces)
         unknown = [p for p, i in zip(pieces, ids, strict=True) if i == UNK_ID]
+        if unknown and (have := user_defined(self.to_bytes())):
+            named = ", ".join(have[:20]) + (", ..." if len(have) > 20 else "")
+            raise DataError(
+                f"{self.model_path} has no piece {unknown[0]}; its own tokens are {named}: "
+                "use one of them, or train a new model with it"
+            )
         if unknown:
             raise DataError(
                 f"{self.model_path} has no piece {unknown[0]}: this SentencePiece model was "

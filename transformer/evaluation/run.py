@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Callable
 from functools import cache, partial
 from pathlib import Path
 from typing import IO, Any
@@ -25,6 +26,7 @@ from transformer.allocator import bound_kernel_caches
 from transformer.atomic import atomic_write_text
 from transformer.checkpoints import checkpoint_paths
 from transformer.data.corpora import CorpusTexts
+from transformer.data.source_tokens import uses_target_tokens
 from transformer.decoding import DecodeOptions
 from transformer.decoding.runtime import backend, use_graphs, use_static_search
 from transformer.device import decoding_device, decoding_dtype
@@ -119,10 +121,8 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
         translator, ckpt, paths = _torch_translator(cfg, device, dtype)
 
     texts = cache(partial(_texts, ckpt, cfg.data, paths[0]))  # the corpus, built when needed
-    settings = ckpt.get("datamodule_hyper_parameters") or {}
-    if cfg.direction is not None or settings.get("target_token"):
-        # a multilingual model: its target token before each source line
-        prefix = texts().source_prefix(cfg.direction)
+    prefix = _source_prefix(cfg, ckpt.get("datamodule_hyper_parameters") or {}, texts)
+    if prefix:  # a multilingual model: its target token before each source line
         translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
     echo = stdout if cfg.output is None and cfg.reference is None else None
     if cfg.score:
@@ -193,6 +193,21 @@ def _score_split(
     atomic_write_text(out_dir / "hypotheses.txt", "".join(h + "\n" for h in hypotheses))
     atomic_write_text(out_dir / "metrics.json", json.dumps(metrics, indent=2) + "\n")
     return metrics
+
+
+def _source_prefix(
+    cfg: DictConfig, settings: dict[str, Any], texts: Callable[[], CorpusTexts]
+) -> tuple[str, ...]:
+    """The tokens before each source line: the target token of ``direction``'s corpus, where the
+    checkpoint's data ``settings`` or ``data.target_token`` put one. A token given for a model
+    that records no corpus (an imported one), with none named, goes there as it is."""
+    given = cfg.data.target_token
+    if isinstance(given, str) and "source" not in settings and cfg.data.source is None:
+        return (given,)
+    merged = {**settings, **({} if given is None else {"target_token": given})}
+    if cfg.direction is None and not uses_target_tokens(merged):
+        return ()
+    return texts().source_prefix(cfg.direction)
 
 
 def _texts(ckpt: dict[str, Any], overrides: DictConfig, path: str) -> CorpusTexts:

@@ -4,34 +4,40 @@ multilingual model's target tokens."""
 
 from __future__ import annotations
 
-from transformer.data.corpora import make_corpora, prefix_tokens
+from transformer.data.corpora import make_corpora
+from transformer.data.source_tokens import uses_target_tokens
 from transformer.decoding import DecodeOptions
 from transformer.export.ct2 import INFO_FILE, SPM_FILES
 from transformer.export.marian_vocab import language_tokens
 
 
 def target_tokens(data: dict, source_pieces: list[str] = ()) -> list[str]:
-    """The target tokens of a model trained with ``data.target_token`` (those its corpora put
-    before their sources), or of an imported multilingual OPUS-MT model (its source tokenizer's
-    ``source_pieces`` of that form, ``>>fra<<``); none otherwise."""
-    if not data.get("target_token"):
-        return language_tokens(source_pieces)
-    corpora = make_corpora(data.get("corpora"), data)
-    return sorted({t for c in corpora for t in prefix_tokens(c, True, training=False)})
+    """The target tokens of a model: those its corpora put before their sources
+    (``data.target_token``), and those of a multilingual OPUS-MT model, imported or fine-tuned
+    (its source tokenizer's ``source_pieces`` of that form, ``>>fra<<``); none otherwise."""
+    own = language_tokens(source_pieces)  # in the vocabulary's order
+    if not uses_target_tokens(data):
+        return own
+    trained = {c.target_token for c in make_corpora(data.get("corpora"), data)} - {None}
+    return [*own, *sorted(trained - set(own))]
 
 
 def usage(max_positions: int, options: DecodeOptions, targets: list[str] = ()) -> str:
     """The exported directory's README: translating with ``ctranslate2`` and ``sentencepiece``
-    alone, with the options that reproduce ``evaluate.py``'s beam search; ``targets``: a
-    multilingual model's target tokens, one of which goes before each source."""
+    alone, with the options that reproduce ``evaluate.py``'s beam search; ``targets``: the
+    model's target tokens, one of which goes before each source."""
     a, b, lp = options.max_len_a, options.max_len_b, options.len_penalty
-    multilingual = (
-        f"\nThis model translates into several languages: put one of {', '.join(targets)} "
-        "before each source's pieces, `[token, *src_sp.encode(line, out_type=str)]` "
-        "(SentencePiece alone would put a word start before a token written in the line).\n"
-        if targets
-        else ""
-    )
+    multilingual = ""
+    if targets:
+        which = (
+            f"This model translates into several languages: put one of {', '.join(targets)}"
+            if len(targets) > 1
+            else f"This model was trained with {targets[0]}: put it"
+        )
+        multilingual = (
+            f"\n{which} before each source's pieces, `[token, *src_sp.encode(line, out_type=str)]` "
+            "(SentencePiece alone would put a word start before a token written in the line).\n"
+        )
     return f"""# A transformer-nmt model for CTranslate2
 
 Written by `python -m transformer.export ct2`; `{INFO_FILE}` names the checkpoints and records

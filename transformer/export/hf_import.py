@@ -200,8 +200,10 @@ def main(argv: Sequence[str] | None = None) -> None:
     if targets:
         log.info(
             "a multilingual model: start each source line with the token of the language to "
-            "translate into (%d: %s), e.g. '%s a sentence'", len(targets),
+            "translate into (%d: %s), e.g. '%s a sentence', or let '%s' put it before every "
+            "line of an input file, a scored split or a fine-tuning corpus", len(targets),
             " ".join(targets[:8]) + (" ..." if len(targets) > 8 else ""), targets[0],
+            f'data.target_token="{targets[0]}"',
         )  # fmt: skip
 
 

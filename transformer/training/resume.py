@@ -88,6 +88,9 @@ def check_data_settings(
         for key in CORPUS_IDENTITY:
             option = f"data.corpora[{i}].{key}" if given.get("corpora") else f"data.{key}"
             differ[option] = was[key], new[key]
+        if given.get("corpora"):  # an entry's own token (data.target_token: above)
+            option = f"data.corpora[{i}].target_token"
+            differ[option] = was.get("target_token"), new.get("target_token")
     differ = {option: values for option, values in differ.items() if values[0] != values[1]}
     if differ:
         was = " ".join(f"{option}={show(a)}" for option, (a, _) in differ.items())
