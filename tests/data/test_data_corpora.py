@@ -67,6 +67,14 @@ def test_tags_and_target_tokens_are_one_piece_first_in_the_sources(tmp_path, cor
         want = [fr, bt, *tok.encode(line)] if "<bt>" in written else [fr, *tok.encode(line)]
         assert tok.encode(written) == want and tok.encode_batch([written, line])[0] == want
     assert tok._sp.encode(f"<2fr> {line}")[:2] == [tok._sp.piece_to_id("\u2581"), fr]
+    # Translating (unless_written): a line that names its own target keeps it, the rest get the
+    # prefix; training keeps the prefix before whatever a line starts with.
+    into_de = tok.with_prefix(("<2de>",), unless_written=True)
+    for encode in (into_de.encode, lambda t: into_de.encode_batch([t, "", line])[0]):
+        assert encode(f"<2fr> {line}") == [fr, *tok.encode(line)]
+        assert encode(line) == [de, *tok.encode(line)]
+    assert into_de.encode_batch(["", f"<2fr> {line}"])[0] == []
+    assert tok.with_prefix(("<2de>",)).encode(f"<2fr> {line}") == [de, fr, *tok.encode(line)]
 
 
 def test_a_token_given_as_it_is_goes_before_its_corpus_sources(tmp_path, corpora) -> None:

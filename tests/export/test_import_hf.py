@@ -295,6 +295,13 @@ def test_data_target_token_puts_the_models_token_before_sources_that_lack_it(
     run, text = tmp_path / "input", write_lines(tmp_path / "input.en", src[32:])
     evaluate(compose_eval_cfg([f"ckpt_path={multilingual}", f"input={text}", token, *short], run))
     assert (run / "hypotheses.txt").read_text().splitlines() == want
+    # a line that names its own language keeps it
+    own = [f"{CODES[0]} {src[32]}", *src[33:]]
+    run, mixed = tmp_path / "mixed", write_lines(tmp_path / "mixed.en", own)
+    evaluate(compose_eval_cfg([f"ckpt_path={multilingual}", f"input={mixed}", token, *short], run))
+    fra = [t[0].text for t in ours(multilingual).translate(own[:1], greedy)]
+    assert fra != want[:1]
+    assert (run / "hypotheses.txt").read_text().splitlines() == [*fra, *want[1:]]
 
     model = TransformerConfig(**load_checkpoint(multilingual)["hyper_parameters"]["model"])
     base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]

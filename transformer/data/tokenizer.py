@@ -66,6 +66,7 @@ class Tokenizer:
         carries them), build from those; ``model_path`` then only names it."""
         self.model_path = Path(model_path)
         self.prefix: tuple[int, ...] = ()  # ids put before every non-empty encoding
+        self.unless_written = False  # (with_prefix) not before a text that starts with its own
         if model_proto is not None:
             try:
                 self._sp = spm.SentencePieceProcessor(model_proto=model_proto)
@@ -114,9 +115,11 @@ class Tokenizer:
         spec = sentencepiece_model_pb2.ModelProto.FromString(self.to_bytes()).trainer_spec
         return sentencepiece_model_pb2.TrainerSpec.ModelType.Name(spec.model_type).lower()
 
-    def with_prefix(self, pieces: Sequence[str]) -> Tokenizer:
+    def with_prefix(self, pieces: Sequence[str], unless_written: bool = False) -> Tokenizer:
         """This tokenizer, but each non-empty encoding starts with ``pieces`` (a multilingual
-        model's target token, a corpus's tag), which must be pieces of the model."""
+        model's target token, a corpus's tag), which must be pieces of the model. With
+        ``unless_written`` (translation), a text that starts with user-defined pieces of its own
+        (a line naming its target language, ``<2fr> ...``) keeps them instead."""
         ids = tuple(self._sp.piece_to_id(p) for p in pieces)
         unknown = [p for p, i in zip(pieces, ids, strict=True) if i == UNK_ID]
         if unknown and (have := user_defined(self.to_bytes())):
@@ -132,8 +135,12 @@ class Tokenizer:
                 "train a new model with them, or leave them out"
             )
         prefixed = copy.copy(self)
-        prefixed.prefix = ids
+        prefixed.prefix, prefixed.unless_written = ids, unless_written
         return prefixed
+
+    def _prefix_before(self, lead: list[int]) -> tuple[int, ...]:
+        """The prefix for a text that starts with the user-defined pieces ``lead``."""
+        return () if lead and self.unless_written else self.prefix
 
     def split_leading(self, text: str) -> tuple[list[int], str]:
         """The ids of the user-defined pieces ``text`` starts with (a target-language token such
@@ -149,16 +156,16 @@ class Tokenizer:
     def encode(self, text: str) -> list[int]:
         lead, text = self.split_leading(text)
         ids = [*lead, *self._sp.encode(text, out_type=int)]
-        return [*self.prefix, *ids] if ids and self.prefix else ids
+        return [*self._prefix_before(lead), *ids] if ids else ids
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         """Encode many texts at once (SentencePiece uses its own threads)."""
         leads, rests = zip(*map(self.split_leading, texts), strict=True) if texts else ((), ())
         encoded = self._sp.encode(list(rests), out_type=int, num_threads=os.cpu_count() or 1)
-        encoded = [[*lead, *ids] if lead else ids for lead, ids in zip(leads, encoded, strict=True)]
-        if not self.prefix:
-            return encoded
-        return [[*self.prefix, *ids] if ids else ids for ids in encoded]
+        return [
+            [*self._prefix_before(lead), *lead, *ids] if lead or ids else ids
+            for lead, ids in zip(leads, encoded, strict=True)
+        ]
 
     def resample(self, ids: Sequence[int], alpha: float, nbest: int, seed: int) -> list[int]:
         """Another segmentation of the text that ``ids`` (this tokenizer's encoding, prefix
@@ -200,8 +207,9 @@ class Tokenizer:
             "model_path": self.model_path,
             "model_proto": self.to_bytes(),
             "prefix": self.prefix,
+            "unless_written": self.unless_written,
         }
 
     def __setstate__(self, state: dict) -> None:
         self.__init__(state["model_path"], model_proto=state["model_proto"])
-        self.prefix = state["prefix"]
+        self.prefix, self.unless_written = state["prefix"], state["unless_written"]

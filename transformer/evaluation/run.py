@@ -122,8 +122,8 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
 
     texts = cache(partial(_texts, ckpt, cfg.data, paths[0]))  # the corpus, built when needed
     prefix = _source_prefix(cfg, ckpt.get("datamodule_hyper_parameters") or {}, texts)
-    if prefix:  # a multilingual model: its target token before each source line
-        translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
+    if prefix:  # a multilingual model: its target token before each source line without one
+        translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix, unless_written=True)
     echo = stdout if cfg.output is None and cfg.reference is None else None
     if cfg.score:
         result = score_pairs(cfg, translator, max_tokens, out_dir, texts, echo)
