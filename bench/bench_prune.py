@@ -73,6 +73,9 @@ def main() -> None:
     sources = data.sources(args.test_split)[: args.test_sentences]
     references = data.references(args.test_split)[: args.test_sentences]
     full = model_from_checkpoint(ckpt).eval()
+    src_tok, tgt_tok = tokenizers(ckpt, args.ckpt)
+    if prefix := data.source_prefix():  # a multilingual model's target token, as in training
+        src_tok = src_tok.with_prefix(prefix)
     options = DecodeOptions(strategy="greedy" if args.beam == 1 else "beam", beam_size=args.beam)
     total = len(scores)
     print(f"checkpoint={args.ckpt} by={args.by} ranked on {args.split}[:{args.sentences}]; "
@@ -83,11 +86,10 @@ def main() -> None:
     for share in args.shares:
         heads = least_important(full, scores, share)
         pruned = prune_model(full, heads).eval()
-        pruned_s, hyps = timed(Translator(pruned, *tokenizers(ckpt, args.ckpt)), sources, options,
-                               args.repeat)  # fmt: skip
+        pruned_s, hyps = timed(Translator(pruned, src_tok, tgt_tok), sources, options, args.repeat)
         set_pruned(full, heads)
-        masked_s, masked_hyps = timed(Translator(full, *tokenizers(ckpt, args.ckpt)), sources,
-                                      options, args.repeat)  # fmt: skip
+        masked_s, masked_hyps = timed(Translator(full, src_tok, tgt_tok), sources, options,
+                                      args.repeat)  # fmt: skip
         full.clear_head_masks()
         bleu = score_translations(hyps, references).bleu
         print(f"| {share:.2f} | {total - len(heads)} | {pruned.num_parameters():,} | {bleu:.2f} "

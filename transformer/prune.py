@@ -149,14 +149,22 @@ def checkpoint_scores(
     sentences: int | None = 200,
     data_root: str | None = None,
     data_source: str | None = None,
+    target_token: str | None = None,
+    langs: tuple[str | None, str | None] = (None, None),
 ) -> dict[HeadKey, float]:
     """Each head's importance on the first ``sentences`` pairs of a split of the checkpoint's
     corpus (:mod:`transformer.analysis.heads`): ``by`` = "mask", the loss increase when the head
     alone is masked, or "gradient", Michel et al.'s proxy. ``data_root`` and ``data_source``
-    replace the checkpoint's (an imported model records no corpus)."""
+    replace the checkpoint's (an imported model records no corpus), as do ``langs`` (source,
+    target) and ``target_token``, the token before each source (``data.target_token``; a
+    multilingual model's is put there as training put it)."""
     if by not in BY:
         raise ConfigError(f"--by={by}: choose one of {', '.join(BY)}")
-    given = {k: v for k, v in (("root", data_root), ("source", data_source)) if v is not None}
+    options = (
+        ("root", data_root), ("source", data_source), ("src_lang", langs[0]),
+        ("tgt_lang", langs[1]), ("target_token", target_token),
+    )  # fmt: skip
+    given = {k: v for k, v in options if v is not None}
     texts = checkpoint_texts(
         ckpt,
         given,
@@ -170,6 +178,8 @@ def checkpoint_scores(
     translator = Translator(
         model_from_checkpoint(ckpt, path), *tokenizers_from_checkpoint(ckpt, path)
     )
+    if prefix := texts.source_prefix():  # the target token the split's sources had in training
+        translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix)
     evaluator = HeadEvaluator(
         translator, sources[:sentences], references[:sentences], DecodeOptions(strategy="greedy")
     )
@@ -213,6 +223,13 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser.add_argument("--data-root", help="the corpus folder, where it moved since training")
     parser.add_argument("--data-source", choices=list(SOURCES), help="the corpus's kind, for a "
                         "checkpoint that records none (an imported model)")  # fmt: skip
+    parser.add_argument("--data-src-lang", help="the corpus's source language (default: the "
+                        "checkpoint's)")  # fmt: skip
+    parser.add_argument("--data-tgt-lang", help="the corpus's target language, e.g. fr for an "
+                        "imported multilingual model (default: the checkpoint's)")  # fmt: skip
+    parser.add_argument("--target-token", help="the token before each source sentence, for an "
+                        "imported multilingual model (>>fra<<); default: the checkpoint's "
+                        "(data.target_token)")  # fmt: skip
     parser.add_argument("--force", action="store_true", help="replace an existing OUT")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
@@ -224,7 +241,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         else:
             scores = checkpoint_scores(
                 ckpt, args.checkpoint, args.by, args.split, args.sentences, args.data_root,
-                args.data_source,
+                args.data_source, args.target_token, (args.data_src_lang, args.data_tgt_lang),
             )  # fmt: skip
             heads = least_important(model_from_checkpoint(ckpt), scores, args.share)
         pruned = prune_checkpoint(ckpt, heads, args.checkpoint)

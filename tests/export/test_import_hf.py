@@ -431,6 +431,43 @@ def test_the_checkpoint_is_pruned_by_share_on_a_corpus_named_for_it(
     assert sum(map(sum, ckpt["hyper_parameters"]["model"]["heads_per_layer"].values())) == 18
 
 
+def test_pruning_ranks_a_multilingual_models_heads_on_sources_with_its_token(
+    multilingual, tmp_path
+) -> None:
+    """``--share`` scores the heads on the split's sources with the model's target token before
+    them, as the lines written with it score: ``--target-token`` for an imported model, the
+    checkpoint's own (``data.target_token``) for one trained with it; without it, other scores.
+    ``--data-tgt-lang`` names the corpus's target files in place of the checkpoint's language."""
+    from transformer.prune import checkpoint_scores
+    from transformer.prune import main as prune
+
+    src, tgt = data_pairs(12, seed=5)
+    plain, written = tmp_path / "plain", tmp_path / "written"
+    for root, lines in ((plain, src), (written, [f"{CODES[1]} {line}" for line in src])):
+        root.mkdir()
+        write_lines(root / "val.en", lines)
+        write_lines(root / "val.de", tgt)
+    write_lines(plain / "val.fr", tgt)  # the same references, named for another language
+    ckpt = load_checkpoint(multilingual)
+
+    def scores(ckpt: dict, root: Path, token: str | None = None, tgt: str | None = None) -> dict:
+        return checkpoint_scores(ckpt, multilingual, "gradient", "val", 8, str(root), "local",
+                                 token, (None, tgt))  # fmt: skip
+
+    want = scores(ckpt, written)
+    assert scores(ckpt, plain, CODES[1]) == pytest.approx(want, rel=1e-6)
+    assert scores(ckpt, plain, CODES[1], "fr") == pytest.approx(want, rel=1e-6)
+    assert scores(ckpt, plain) != pytest.approx(want, rel=1e-3)
+    settings = {**ckpt["datamodule_hyper_parameters"], "target_token": CODES[1]}
+    recorded = {**ckpt, "datamodule_hyper_parameters": settings}  # as a tuned model records it
+    assert scores(recorded, plain) == pytest.approx(want, rel=1e-6)
+    out = tmp_path / "pruned.ckpt"
+    prune([str(multilingual), str(out), "--share", "0.25", "--sentences", "8", "--data-source",
+           "local", "--data-root", str(plain), "--data-tgt-lang", "fr", "--target-token",
+           CODES[1]])  # fmt: skip
+    assert out.is_file()
+
+
 @pytest.mark.slow  # two evaluate.py runs
 def test_the_checkpoint_decodes_with_prefixes_and_constraints(imported, tmp_path) -> None:
     """``evaluate.py input=FILE prefixes=FILE``: each translation starts with its line's prefix
