@@ -15,6 +15,7 @@ from tests.tiny import (
     tiny_overrides,
     write_language,
 )
+from transformer import DecodeOptions, Translator
 from transformer.evaluation import evaluate
 from transformer.metrics import score_translations
 from transformer.training import train
@@ -58,6 +59,15 @@ def test_target_tokens_choose_the_language_and_each_direction_validates(tmp_path
         hyps[direction] = (tmp_path / direction / "hypotheses.txt").read_text().splitlines()
         refs[direction] = (corpus / f"test.{direction[3:]}").read_text().splitlines()
         assert json.loads((tmp_path / direction / "metrics.json").read_text())["bleu"] > 0
+        # from Python: the direction's token before each line, as evaluate.py puts it
+        translator = Translator.from_checkpoint(ckpt, device="cpu", direction=direction)
+        sources = (corpus / "test.en").read_text().splitlines()
+        found = translator.translate(sources, DecodeOptions(strategy="beam"))
+        assert [t[0].text for t in found] == hyps[direction]
+    plain = Translator.from_checkpoint(ckpt, device="cpu")  # the first direction's token
+    assert [t[0].text for t in plain.translate(sources[:5], DecodeOptions())] == hyps["en-de"][:5]
+    written = [f"<2xx> {line}" for line in sources[:5]]  # a line's own token: kept
+    assert [t[0].text for t in plain.translate(written, DecodeOptions())] == hyps["en-xx"][:5]
     # The same English, two languages: each direction's output is far closer to its own
     # references than the other direction's output is.
     for own, other in (("en-de", "en-xx"), ("en-xx", "en-de")):

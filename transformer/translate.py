@@ -14,6 +14,7 @@ import torch
 from transformer.averaging import load_or_average
 from transformer.checkpoints import load_ensemble, model_from_checkpoint, tokenizers_from_checkpoint
 from transformer.data.collate import encode_sources, encode_targets, pad
+from transformer.data.corpora import direction_prefix
 from transformer.data.tokenizer import BOS_ID, EOS_ID, UNK_ID, Tokenizer, word_index
 from transformer.decoding import (
     DecodeOptions,
@@ -138,16 +139,23 @@ class Translator:
         ensemble: bool = False,
         device: str = "auto",
         dtype: str = "auto",
+        direction: str | None = None,
     ) -> Translator:
         """The translator of one checkpoint written by ``train.py``, or of several: their
         average, or with ``ensemble`` each its own model, decoded on their mean probabilities;
         with the tokenizers the first carries. ``device``: auto (a GPU where there is one), cpu
         or cuda; ``dtype``: auto (bf16 on a GPU that computes it natively, fp16 on an older
-        one, float32 on a CPU), float32, bfloat16 or float16 (as ``evaluate.py``'s)."""
+        one, float32 on a CPU), float32, bfloat16 or float16 (as ``evaluate.py``'s). A model
+        trained with target tokens (``data.target_token``) gets ``direction``'s (e.g. "en-fr";
+        None: its first) before each line that does not start with one, as in ``evaluate.py``."""
         if not paths:
             raise ValueError("Translator.from_checkpoint needs the path of a checkpoint")
         where = decoding_device(device)
-        return load_translator(paths, ensemble, where, decoding_dtype(dtype, where))[0]
+        translator, ckpt = load_translator(paths, ensemble, where, decoding_dtype(dtype, where))
+        settings = ckpt.get("datamodule_hyper_parameters") or {}
+        if prefix := direction_prefix(settings, direction):
+            translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix, True)
+        return translator
 
     def translate(
         self,

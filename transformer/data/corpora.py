@@ -24,7 +24,12 @@ from pathlib import Path
 from typing import Any
 
 from transformer.data.hf_source import HFSource
-from transformer.data.source_tokens import check_target_tokens, prefix_tokens, resolve_target_token
+from transformer.data.source_tokens import (
+    check_target_tokens,
+    prefix_tokens,
+    resolve_target_token,
+    uses_target_tokens,
+)
 from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
 from transformer.data.text_files import ParallelText, checked
 from transformer.errors import DataError
@@ -255,3 +260,11 @@ class CorpusTexts:
     def sources(self, split: str, direction: str | None = None) -> list[str]:
         """Source-side texts of a split of ``direction`` (:meth:`pairs`)."""
         return self.pairs(split, direction).src
+
+
+def direction_prefix(settings: Mapping[str, Any], direction: str | None) -> tuple[str, ...]:
+    """The target token before each source line translated in ``direction`` (None: the first)
+    by a model of data ``settings`` (a checkpoint's), if it was trained with them."""
+    if direction is None and not uses_target_tokens(settings):
+        return ()
+    return CorpusTexts(make_corpora(settings.get("corpora"), settings)).source_prefix(direction)
