@@ -154,7 +154,8 @@ class Translator:
         translator, ckpt = load_translator(paths, ensemble, where, decoding_dtype(dtype, where))
         settings = ckpt.get("datamodule_hyper_parameters") or {}
         if prefix := direction_prefix(settings, direction):
-            translator.src_tokenizer = translator.src_tokenizer.with_prefix(prefix, True)
+            tokenizer = translator.src_tokenizer
+            translator.src_tokenizer = tokenizer.with_prefix(prefix, unless_written=True)
         return translator
 
     def translate(
