@@ -49,3 +49,22 @@ def test_fsdp_on_one_gpu_clips_and_writes_its_checkpoint(corpus, tmp_path, preci
     # fused AdamW where the precision allows it; FSDP's fp16 scaler does not (build_optimizer)
     fused = {bool(g["fused"]) for g in ckpt["optimizer_states"][0]["param_groups"]}
     assert fused == {precision == "bf16-mixed"}  # fp16: foreach, torch's default (fused=None)
+
+
+def test_muon_fits_on_gpu_in_bf16_with_fused_adamw_for_the_rest(corpus, tmp_path):
+    """optim=muon_wsd on CUDA, the GPU defaults otherwise (bf16-mixed, clipping): Muon's
+    Newton-Schulz iterations in bf16 there, fused AdamW on the embeddings, biases and norms. The
+    loss falls, the weights and both optimizers' states stay finite."""
+    overrides = [
+        *on_gpu(corpus), "optim=muon_wsd", "optim.optimizer.lr=5e-3",
+        "optim.scheduler.warmup_steps=3", "model.dropout=0.0", "trainer.max_steps=40",
+    ]  # fmt: skip
+    train(compose_cfg(overrides, tmp_path))
+    got = logged(tmp_path, "train/loss")
+    assert all(math.isfinite(x) for x in got) and sum(got[-5:]) < 0.8 * sum(got[:5]), got
+    ckpt = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
+    states = ckpt["optimizer_states"][0]
+    assert all(g["fused"] for g in states["adamw"]["param_groups"])  # fused=null on CUDA
+    buffers = [s["momentum_buffer"] for s in states["muon"]["state"].values()]
+    assert buffers and all(torch.isfinite(b).all() for b in buffers)
+    assert all(torch.isfinite(w).all() for w in ckpt["state_dict"].values())
