@@ -532,11 +532,12 @@ stage_step() {
   done
   "${HELP[@]}" merge-json "$OUT_DIR/step_runs.json" "${merged[@]}" >>"$bench" 2>&1 || true
   # The CUDA tests of those options: each loss kernel against float32 cross entropy, the layers
-  # compiled by inductor against eager, the fused loss and the step on CUDA.
+  # compiled by inductor against eager, the fused loss and the step on CUDA, training on CUDA
+  # graphs against eager (two inductor compilations: 120 s, not 60).
   local pytest=(-q -ra -p no:cacheprovider -m cuda tests/training/test_loss.py
     tests/training/test_lit_module.py tests/training/test_cuda_training.py)
   ((DRY)) && pytest+=(--collect-only)
-  run_step 60 "$tests" "$PY" -m pytest "${pytest[@]}"
+  run_step 120 "$tests" "$PY" -m pytest "${pytest[@]}"
   record "pytest step options" "$STATUS" "$LAST_SECONDS" "$(pytest_result "$tests")"
 }
 
