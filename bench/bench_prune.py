@@ -62,7 +62,8 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     ckpt = load_checkpoint(args.ckpt)
-    scores = checkpoint_scores(ckpt, args.ckpt, args.by, args.split, args.sentences, args.data_root)
+    given = {"root": args.data_root}
+    scores = checkpoint_scores(ckpt, args.ckpt, args.by, args.split, args.sentences, given)
     data = checkpoint_texts(
         ckpt,
         {"root": args.data_root} if args.data_root else {},

@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -147,24 +147,17 @@ def checkpoint_scores(
     by: str,
     split: str = "val",
     sentences: int | None = 200,
-    data_root: str | None = None,
-    data_source: str | None = None,
-    target_token: str | None = None,
-    langs: tuple[str | None, str | None] = (None, None),
+    data: Mapping[str, str | None] | None = None,
 ) -> dict[HeadKey, float]:
     """Each head's importance on the first ``sentences`` pairs of a split of the checkpoint's
     corpus (:mod:`transformer.analysis.heads`): ``by`` = "mask", the loss increase when the head
-    alone is masked, or "gradient", Michel et al.'s proxy. ``data_root`` and ``data_source``
-    replace the checkpoint's (an imported model records no corpus), as do ``langs`` (source,
-    target) and ``target_token``, the token before each source (``data.target_token``; a
-    multilingual model's is put there as training put it)."""
+    alone is masked, or "gradient", Michel et al.'s proxy. ``data``: ``data.*`` options (``root``,
+    ``source``, ``src_lang``, ``tgt_lang``, ``target_token``) in place of the checkpoint's, those
+    None left as it has them (an imported model records no corpus). Each source gets the target
+    token a multilingual model was trained with (``data.target_token``) before it."""
     if by not in BY:
         raise ConfigError(f"--by={by}: choose one of {', '.join(BY)}")
-    options = (
-        ("root", data_root), ("source", data_source), ("src_lang", langs[0]),
-        ("tgt_lang", langs[1]), ("target_token", target_token),
-    )  # fmt: skip
-    given = {k: v for k, v in options if v is not None}
+    given = {k: v for k, v in (data or {}).items() if v is not None}
     texts = checkpoint_texts(
         ckpt,
         given,
@@ -239,10 +232,14 @@ def main(argv: Sequence[str] | None = None) -> None:
         if args.heads is not None:
             heads = parse_heads(args.heads)
         else:
+            data = {
+                "root": args.data_root, "source": args.data_source,
+                "src_lang": args.data_src_lang, "tgt_lang": args.data_tgt_lang,
+                "target_token": args.target_token,
+            }  # fmt: skip
             scores = checkpoint_scores(
-                ckpt, args.checkpoint, args.by, args.split, args.sentences, args.data_root,
-                args.data_source, args.target_token, (args.data_src_lang, args.data_tgt_lang),
-            )  # fmt: skip
+                ckpt, args.checkpoint, args.by, args.split, args.sentences, data
+            )
             heads = least_important(model_from_checkpoint(ckpt), scores, args.share)
         pruned = prune_checkpoint(ckpt, heads, args.checkpoint)
     except UserError as err:

@@ -451,8 +451,8 @@ def test_pruning_ranks_a_multilingual_models_heads_on_sources_with_its_token(
     ckpt = load_checkpoint(multilingual)
 
     def scores(ckpt: dict, root: Path, token: str | None = None, tgt: str | None = None) -> dict:
-        return checkpoint_scores(ckpt, multilingual, "gradient", "val", 8, str(root), "local",
-                                 token, (None, tgt))  # fmt: skip
+        data = {"root": str(root), "source": "local", "tgt_lang": tgt, "target_token": token}
+        return checkpoint_scores(ckpt, multilingual, "gradient", "val", 8, data)
 
     want = scores(ckpt, written)
     assert scores(ckpt, plain, CODES[1]) == pytest.approx(want, rel=1e-6)
