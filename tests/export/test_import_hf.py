@@ -182,6 +182,26 @@ def test_greedy_and_beam_translations_equal_generate(
     assert [texts[i] for i in ended] == [decoded[i] for i in ended]
 
 
+def three_splits(root: Path, prefix: str = "") -> list[str]:
+    """40 tiny pairs written to ``root`` as train (24), val (8) and test (8) files, each source
+    line after ``prefix``; the sources without it."""
+    src, tgt = data_pairs(40, seed=5)
+    root.mkdir()
+    for split, rows in (("train", slice(0, 24)), ("val", slice(24, 32)), ("test", slice(32, 40))):
+        write_lines(root / f"{split}.en", [f"{prefix}{line}" for line in src[rows]])
+        write_lines(root / f"{split}.de", tgt[rows])
+    return src
+
+
+def tuning(ckpt: Path, corpus: Path) -> list[str]:
+    """train.py's options for 3 steps of fine-tuning the imported ``ckpt`` on a tiny ``corpus``:
+    the options the import prints, sentences within the tiny model's 64 positions."""
+    model = TransformerConfig(**load_checkpoint(ckpt)["hyper_parameters"]["model"])
+    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
+    return [*base, *train_overrides(model), f"init_from={ckpt}", "data.max_len=60",
+            "trainer.max_steps=3"]  # fmt: skip
+
+
 CODES = (">>fra<<", ">>deu<<", ">>pt_br<<")  # a multilingual model's target-language tokens
 
 
@@ -246,12 +266,8 @@ def test_a_multilingual_model_scores_and_fine_tunes_on_sources_that_carry_the_to
 ) -> None:
     """A corpus whose source lines start with the token: ``evaluate.py split=test`` translates
     them as the lines themselves translate, and ``init_from`` trains on them."""
-    src, tgt = data_pairs(40, seed=5)
     corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split, rows in (("train", slice(0, 24)), ("val", slice(24, 32)), ("test", slice(32, 40))):
-        write_lines(corpus / f"{split}.en", [f"{CODES[1]} {line}" for line in src[rows]])
-        write_lines(corpus / f"{split}.de", tgt[rows])
+    src = three_splits(corpus, f"{CODES[1]} ")
     data = ["data.source=local", f"data.root={corpus}"]
     short = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=12", "decode.min_len=0"]
     cfg = compose_eval_cfg([f"ckpt_path={multilingual}", *data, "split=test", *short], tmp_path)
@@ -260,11 +276,7 @@ def test_a_multilingual_model_scores_and_fine_tunes_on_sources_that_carry_the_to
     lines = [f"{CODES[1]} {line}" for line in src[32:]]
     want = [t[0].text for t in ours(multilingual).translate(lines, greedy)]
     assert (tmp_path / "hypotheses.txt").read_text().splitlines() == want
-    model = TransformerConfig(**load_checkpoint(multilingual)["hyper_parameters"]["model"])
-    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
-    overrides = [*base, *train_overrides(model), f"init_from={multilingual}"]
-    overrides += ["data.max_len=60", "trainer.max_steps=3"]  # (the tiny model: 64 positions)
-    metrics = train_run(compose_cfg(overrides, tmp_path / "tuned"))
+    metrics = train_run(compose_cfg(tuning(multilingual, corpus), tmp_path / "tuned"))
     assert math.isfinite(metrics["train/loss"])
 
 
@@ -276,12 +288,8 @@ def test_data_target_token_puts_the_models_token_before_sources_that_lack_it(
     it there, so ``evaluate.py split=test`` and ``input=FILE`` translate as the lines written
     with it do, and ``init_from`` fine-tunes with it (the tuned checkpoint records it and puts
     it before its inputs); a token the model lacks is refused, naming the model's."""
-    src, tgt = data_pairs(40, seed=5)
     corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    for split, rows in (("train", slice(0, 24)), ("val", slice(24, 32)), ("test", slice(32, 40))):
-        write_lines(corpus / f"{split}.en", src[rows])
-        write_lines(corpus / f"{split}.de", tgt[rows])
+    src = three_splits(corpus)
     token = f"data.target_token='{CODES[1]}'"
     data = ["data.source=local", f"data.root={corpus}", token]
     short = ["decode=greedy", "decode.max_len_a=0", "decode.max_len_b=12", "decode.min_len=0"]
@@ -303,11 +311,7 @@ def test_data_target_token_puts_the_models_token_before_sources_that_lack_it(
     assert fra != want[:1]
     assert (run / "hypotheses.txt").read_text().splitlines() == [*fra, *want[1:]]
 
-    model = TransformerConfig(**load_checkpoint(multilingual)["hyper_parameters"]["model"])
-    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
-    overrides = [*base, *train_overrides(model), f"init_from={multilingual}", token]
-    overrides += ["data.max_len=60", "trainer.max_steps=3"]  # (the tiny model: 64 positions)
-    train_run(compose_cfg(overrides, tmp_path / "tuned"))
+    train_run(compose_cfg([*tuning(multilingual, corpus), token], tmp_path / "tuned"))
     tuned = tmp_path / "tuned" / "checkpoints" / "last.ckpt"
     assert load_checkpoint(tuned)["datamodule_hyper_parameters"]["target_token"] == CODES[1]
     run = tmp_path / "tuned_input"
@@ -373,11 +377,7 @@ def test_the_checkpoint_exports_to_ctranslate2_and_translates_as_ours(imported, 
 def test_the_checkpoint_fine_tunes_with_init_from(imported, corpus, tmp_path) -> None:
     """A few steps on another corpus with the options the import prints: a finite loss, and the
     run's checkpoint carries the imported tokenizers unchanged."""
-    cfg = TransformerConfig(**load_checkpoint(imported)["hyper_parameters"]["model"])
-    base = [o for o in tiny_overrides(corpus) if o != f"data.vocab_size={TINY_VOCAB}"]
-    overrides = [*base, *train_overrides(cfg), f"init_from={imported}", "trainer.max_steps=3"]
-    overrides.append("data.max_len=60")  # (the tiny model has 64 positions)
-    metrics = train_run(compose_cfg(overrides, tmp_path))
+    metrics = train_run(compose_cfg(tuning(imported, corpus), tmp_path))
     assert math.isfinite(metrics["train/loss"])
     tuned = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")
     models = (tokenizer_models(c) for c in (tuned, load_checkpoint(imported)))
