@@ -112,12 +112,16 @@ def test_generate_translates_as_our_greedy_search(post_norm) -> None:
     assert len(set(ours)) > 30  # real translations, different ones
 
 
-@pytest.mark.parametrize("codes", [(), (">>fra<<", ">>deu<<")], ids=["bilingual", "multilingual"])
-def test_import_export_import_keeps_the_model(tmp_path, codes) -> None:
+@pytest.mark.parametrize(
+    "codes, separate",
+    [((), False), ((">>fra<<", ">>deu<<"), False), ((), True)],
+    ids=["bilingual", "multilingual", "separate-vocabularies"],
+)
+def test_import_export_import_keeps_the_model(tmp_path, codes, separate) -> None:
     """An imported OPUS-MT-like model exported and imported again: the same config, weights,
-    tokenizers and logits (its added bos, the piece vocab.json lacked and a multilingual model's
-    target-language tokens stay what they were)."""
-    marian = write_marian_dir(tmp_path / "opus-mt-tiny", codes=codes)
+    tokenizers and logits (its added bos, the piece vocab.json lacked, a multilingual model's
+    target-language tokens and a separate target vocabulary stay what they were)."""
+    marian = write_marian_dir(tmp_path / "opus-mt-tiny", codes=codes, separate=separate)
     import_main([str(marian), str(tmp_path / "one.ckpt")])
     export_main(["hf", str(tmp_path / "one.ckpt"), str(tmp_path / "exported")])
     once, twice = load_checkpoint(tmp_path / "one.ckpt"), import_marian(tmp_path / "exported")

@@ -31,7 +31,7 @@ from transformer.export.marian import (
     refuse,
     tokenizer_config,
 )
-from transformer.export.marian_vocab import language_tokens, vocabulary, vocabulary_model
+from transformer.export.marian_vocab import language_tokens, vocabularies, vocabulary_model
 from transformer.model import Transformer
 from transformer.outputs import check_output_file
 
@@ -57,18 +57,18 @@ def model_config(config: dict[str, Any], vocab_size: int) -> TransformerConfig:
     if not get("scale_embedding"):
         why = "has no equivalent: embeddings are scaled by sqrt(d_model) here"
         raise refuse("scale_embedding", False, why)
-    if not get("share_encoder_decoder_embeddings") or get("decoder_vocab_size") not in (
-        None, config.get("vocab_size"),
-    ):  # fmt: skip
+    shared = bool(get("share_encoder_decoder_embeddings"))
+    if shared and get("decoder_vocab_size") not in (None, config.get("vocab_size")):
         raise refuse(
-            "share_encoder_decoder_embeddings", get("share_encoder_decoder_embeddings"),
-            "(separate source and target vocabularies, target_vocab.json) is not imported; only "
-            "models with one vocabulary and embedding for both sides are",
+            "decoder_vocab_size", get("decoder_vocab_size"),
+            f"differs from vocab_size={config.get('vocab_size')}, but "
+            "share_encoder_decoder_embeddings=true gives both sides one vocabulary",
         )  # fmt: skip
     if not get("tie_word_embeddings"):
         raise refuse(
-            "tie_word_embeddings", False, "has no equivalent: a shared embedding is also the output"
-        )
+            "tie_word_embeddings", False,
+            "has no equivalent: the decoder's embedding is also the output here",
+        )  # fmt: skip
     for field in ("encoder_layerdrop", "decoder_layerdrop"):
         if get(field):
             raise refuse(field, get(field), "(layer drop) has no equivalent here; set it to 0.0")
@@ -80,10 +80,21 @@ def model_config(config: dict[str, Any], vocab_size: int) -> TransformerConfig:
             dropout=float(get("dropout")), attention_dropout=float(get("attention_dropout")),
             activation_dropout=float(get("activation_dropout")), activation=activation,
             norm_first=False, max_positions=get("max_position_embeddings"), output_bias=True,
-            share_all_embeddings=True,
+            tie_output_embeddings=True, share_all_embeddings=shared,
         )  # fmt: skip
     except ValueError as err:
         raise ConfigError(f"config.json describes a model that cannot be built: {err}") from err
+
+
+def embedding_weights(shared: bool) -> dict[str, tuple[str, ...]]:
+    """The MarianMTModel weights each side's embedding may come from, the first found."""
+    if shared:
+        names = ("model.shared.weight", "model.encoder.embed_tokens.weight")
+        return {"src": names, "tgt": names}
+    return {
+        "src": ("model.encoder.embed_tokens.weight",),
+        "tgt": ("model.decoder.embed_tokens.weight",),
+    }
 
 
 def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
@@ -98,8 +109,8 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
         if not (model_dir / name).is_file():
             raise DataError(f"{model_dir / name} does not exist: a MarianMT directory holds it")
         spms[side] = (model_dir / name).read_bytes()
-    vocab = vocabulary(model_dir, config, spms)
-    cfg = model_config(config, len(vocab.pieces))
+    vocab = vocabularies(model_dir, config, spms)
+    cfg = model_config(config, len(vocab["src"].pieces))
     weights = read_weights(model_dir)
     perm = interleaved(cfg.d_model)
     state = {}
@@ -111,27 +122,29 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
             weights[t] if axis is None else weights[t].index_select(axis, perm) for t in theirs
         ]
         state[ours] = torch.cat(parts).float()
-    embeddings = ("model.shared.weight", "model.encoder.embed_tokens.weight")
-    shared = next((k for k in embeddings if k in weights), None)
-    if shared is None:
-        raise DataError(f"{model_dir}: its weights have no model.shared.weight (the embedding)")
-    embedding = vocab.embedding(weights[shared].float())[:, perm]  # (V, D)
-    for name in ("src_embed.tokens.weight", "tgt_embed.tokens.weight", "output.weight"):
-        state[name] = embedding
-    bias = weights.get("final_logits_bias", torch.zeros(1, config["vocab_size"]))[0].float()
-    bias = vocab.embedding(bias)
-    bias[vocab.blocked] = BLOCKED_LOGIT
-    if not vocab.blocked and not bias.any():  # none: the model needs no output bias
+    for side, names in embedding_weights(cfg.share_all_embeddings).items():
+        theirs = next((k for k in names if k in weights), None)
+        if theirs is None:
+            raise DataError(f"{model_dir}: its weights have no {names[0]} (an embedding)")
+        table = vocab[side].embedding(weights[theirs].float())[:, perm]  # (V, D)
+        state[f"{side}_embed.tokens.weight"] = table
+    state["output.weight"] = state["tgt_embed.tokens.weight"]  # tied
+    target = vocab["tgt"]
+    size = config.get("decoder_vocab_size") or config["vocab_size"]
+    bias = weights.get("final_logits_bias", torch.zeros(1, size))[0].float()
+    bias = target.embedding(bias)
+    bias[target.blocked] = BLOCKED_LOGIT
+    if not target.blocked and not bias.any():  # none: the model needs no output bias
         cfg.output_bias = False
     else:
         state["output.bias"] = bias
     model = Transformer(cfg)
     model.load_state_dict(state)  # every weight given, none left over
-    user = {"src": language_tokens(vocab.pieces), "tgt": []}  # they start a source line only
+    user = {"src": language_tokens(vocab["src"].pieces), "tgt": []}  # a source line's start
     tokenizers = {
         side: {
             "name": f"{SPM_FILES[side]}.model",
-            "model": vocabulary_model(spm, vocab.pieces, user[side]),
+            "model": vocabulary_model(spm, vocab[side].pieces, user[side]),
         }
         for side, spm in spms.items()
     }
@@ -142,7 +155,7 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
         "datamodule_hyper_parameters": {
             "src_lang": langs.get("source_lang"),
             "tgt_lang": langs.get("target_lang"),
-            "vocab_size": len(vocab.pieces),
+            "vocab_size": cfg.src_vocab_size,
             "joint_vocab": False,
         },  # fmt: skip
         "tokenizers": tokenizers,
@@ -176,7 +189,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         prog="python -m transformer.export.hf_import",
         description="Import a Hugging Face MarianMT model directory (an OPUS-MT model: "
         "config.json, model.safetensors or pytorch_model.bin, source.spm, target.spm, "
-        "vocab.json) as a checkpoint that evaluates, fine-tunes (init_from=) and exports.",
+        "vocab.json, target_vocab.json for separate vocabularies) as a checkpoint that "
+        "evaluates, fine-tunes (init_from=) and exports.",
     )
     parser.add_argument("model_dir", metavar="DIR", help="the MarianMT model directory")
     parser.add_argument("output", metavar="OUT.ckpt", help="the checkpoint to write")

@@ -5,10 +5,12 @@ the weights' correspondence, and the reading of a MarianMT directory, for
 
 The directory: ``config.json`` (a MarianConfig), ``model.safetensors`` or ``pytorch_model.bin``,
 ``source.spm`` and ``target.spm`` (the SentencePiece models that split source and target text) and
-``vocab.json`` (pieces -> ids, one vocabulary for both sides). What MarianMTModel computes is a
+``vocab.json`` (pieces -> ids, one vocabulary for both sides; or the source's, with
+``target_vocab.json`` the target's). What MarianMTModel computes is a
 :class:`transformer.config.TransformerConfig`: post-norm layers (``norm_first=False``), embeddings
 scaled by sqrt(d_model), sinusoidal positions from 0, swish (``activation=silu``), one embedding
-for encoder, decoder and output (``share_all_embeddings``) and an output bias
+for encoder, decoder and output (``share_all_embeddings``; with separate vocabularies the
+encoder's and the decoder's, which is the output: ``tie_output_embeddings``) and an output bias
 (``final_logits_bias``: ``output_bias=True``). A config.json option that does not map is refused,
 by its field's name. Three differences are taken up by arranging the weights, not by options:
 
@@ -26,8 +28,9 @@ by its field's name. Three differences are taken up by arranging the weights, no
   the vocabulary in our id order, its own pieces with their scores, the others UNUSED (never
   produced): it splits text as the .spm did and numbers the pieces as vocab.json does. A piece of
   a .spm that vocab.json lacks gets an id of its own after the vocabulary, whose embedding is
-  unk's and whose logit is blocked. The checkpoint carries the two models as any checkpoint
-  carries its tokenizers: it evaluates, fine-tunes, prunes and exports as one trained here.
+  unk's and whose logit is blocked; separate vocabularies are filled to one size with such ids.
+  The checkpoint carries the two models as any checkpoint carries its tokenizers: it evaluates,
+  fine-tunes, prunes and exports as one trained here.
 
 As Marian's, the source is its pieces and eos (no bos); the decoder starts from bos (Marian's
 start row) and ends at eos.
