@@ -1,7 +1,8 @@
 """Export to a Hugging Face MarianMT directory (``python -m transformer.export hf``): a tiny
 post-norm model trained here loads with AutoModelForSeq2SeqLM and AutoTokenizer and computes our
 logits (within 1e-4) and greedy translations; an imported OPUS-MT-like model goes import ->
-export -> import unchanged; what MarianMTModel does not compute is refused by name."""
+export -> import unchanged, and a model with a vocabulary per side comes back with its pieces and
+logits; what MarianMTModel does not compute is refused by name."""
 
 from __future__ import annotations
 
@@ -132,6 +133,46 @@ def test_import_export_import_keeps_the_model(tmp_path, codes, separate) -> None
     a, b = (model_from_checkpoint(c).eval() for c in (once, twice))
     src, tgt = torch.tensor([[5, 9, 12, EOS_ID]]), torch.tensor([[BOS_ID, 7, 30]])
     assert a(src, tgt).equal(b(src, tgt))
+
+
+def test_a_model_with_a_vocabulary_per_side_comes_back_from_its_export(tmp_path) -> None:
+    """A model as ``data.joint_vocab=false`` trains it (a SentencePiece model and an embedding
+    per side) exported and imported again: each side's pieces in the same ids, and the same
+    logits over the target's ids (the import fills the shorter vocabulary with ids of its own)."""
+    en, de = sentence_pairs(1000, 0)
+    protos = {"src": sentencepiece_model(en), "tgt": sentencepiece_model(de)}
+    toks = {side: Tokenizer(f"{side}.model", model_proto=m) for side, m in protos.items()}
+    assert toks["src"].pieces(range(4, 20)) != toks["tgt"].pieces(range(4, 20))
+    cfg = TransformerConfig(
+        src_vocab_size=toks["src"].vocab_size, tgt_vocab_size=toks["tgt"].vocab_size,
+        d_model=32, num_heads=4, num_encoder_layers=2, num_decoder_layers=2, d_ff=64,
+        max_positions=64, norm_first=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Transformer(cfg).eval()
+    torch.save(
+        {
+            "hyper_parameters": {"model": cfg.to_dict()},
+            "state_dict": {f"model.{k}": v for k, v in model.state_dict().items()},
+            "datamodule_hyper_parameters": {"src_lang": "en", "tgt_lang": "de"},
+            "tokenizers": {s: {"name": f"{s}.model", "model": m} for s, m in protos.items()},
+        },
+        tmp_path / "two.ckpt",
+    )
+    export_main(["hf", str(tmp_path / "two.ckpt"), str(tmp_path / "exported")])
+    again = import_marian(tmp_path / "exported")
+    assert again["hyper_parameters"]["model"]["share_all_embeddings"] is False
+    back = {s: Tokenizer(e["name"], model_proto=e["model"]) for s, e in again["tokenizers"].items()}
+    texts = {"src": en[0], "tgt": de[0]}
+    for side, tok in toks.items():
+        assert back[side].pieces(range(tok.vocab_size)) == tok.pieces(range(tok.vocab_size))
+        assert back[side].encode(texts[side]) == tok.encode(texts[side])
+    imported = model_from_checkpoint(again).eval()
+    src = torch.tensor([toks["src"].encode(en[1]) + [EOS_ID]])  # (1, S)
+    tgt = torch.tensor([[BOS_ID, *toks["tgt"].encode(de[1])]])  # (1, T)
+    with torch.no_grad():
+        want, got = model(src, tgt), imported(src, tgt)
+    torch.testing.assert_close(got[..., : cfg.tgt_vocab_size], want, rtol=0, atol=1e-5)
 
 
 def test_what_marian_does_not_compute_is_refused_by_name(tmp_path) -> None:
