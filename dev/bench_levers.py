@@ -70,6 +70,7 @@ RESEARCH_LEVERS: dict[str, list[str]] = {
     # position encodings
     "learned": ["model.positions=learned"],
     "relative": ["model.positions=relative"],
+    "alibi": ["model.positions=alibi"],
 }
 
 # name -> overrides of the recipe; each lever alone (README, "Budgeted training").

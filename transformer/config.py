@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 ATTENTION_TYPES = ("encoder_self", "decoder_self", "cross")
 ACTIVATIONS = ("relu", "gelu", "silu")
-POSITIONS = ("sinusoidal", "learned", "rope", "relative")
+POSITIONS = ("sinusoidal", "learned", "rope", "relative", "alibi")
 
 
 @dataclass
@@ -30,7 +30,7 @@ class TransformerConfig:
     max_positions: int = 1024  # longest sequence the position tables (and caches) cover
     # sinusoidal | learned (absolute, added to the embeddings) | rope (rotary, on self-attention's
     # queries and keys) | relative (T5's bucketed per-head bias on self-attention scores)
-    positions: Literal["sinusoidal", "learned", "rope", "relative"] = "sinusoidal"
+    positions: Literal["sinusoidal", "learned", "rope", "relative", "alibi"] = "sinusoidal"
     output_bias: bool = False  # a bias on the output projection (Marian's final_logits_bias)
     tie_output_embeddings: bool = True  # decoder input embedding = output projection (Press & Wolf)
     share_all_embeddings: bool = False  # one embedding for source and target: needs a joint vocab

@@ -14,7 +14,7 @@ from transformer.dropout import Dropout
 from transformer.kv_cache import DecoderCache, KVCache
 from transformer.linear import Linear, linear_layer
 from transformer.masks import padding_bias
-from transformer.positions import RelativeBias, Rotary
+from transformer.positions import LinearBias, RelativeBias, Rotary
 from transformer.precision import compute_dtype
 
 SublayerOut = tuple[Tensor, Tensor | None]  # output and attention weights, if any
@@ -61,19 +61,26 @@ def _attention(cfg: TransformerConfig, kind: str, layer: int) -> MultiheadAttent
     return MultiheadAttention(
         cfg.d_model, heads, kv_heads, cross=kind == "cross", dropout=cfg.attention_dropout,
         bias=cfg.bias, head_dim=cfg.head_dim,
-        relative_bias=cfg.positions == "relative" and kind != "cross",
+        relative_bias=cfg.positions in ("relative", "alibi") and kind != "cross",
     )  # fmt: skip
 
 
 class StackPositions(nn.Module):
     """What a layer stack's self-attention knows of positions (``model.positions``): rotary
-    tables, or a relative bias (one table for all its layers, as T5's), or nothing."""
+    tables, or a relative bias (one table for all its layers, as T5's; or ALiBi's fixed linear
+    one), or nothing."""
 
     def __init__(self, cfg: TransformerConfig, bidirectional: bool) -> None:
         super().__init__()
         rope, relative = cfg.positions == "rope", cfg.positions == "relative"
         self.rotary = Rotary(cfg.head_dim, cfg.max_positions) if rope else None
         self.relative_bias = RelativeBias(cfg.num_heads, bidirectional) if relative else None
+        self.linear_bias = LinearBias(cfg.num_heads) if cfg.positions == "alibi" else None
+
+    @property
+    def bias(self) -> RelativeBias | LinearBias | None:
+        """The stack's attention bias module (T5's or ALiBi's), or None."""
+        return self.linear_bias if self.relative_bias is None else self.relative_bias
 
     def rotations(self, offset: int | Tensor, steps: int) -> tuple[Tensor, Tensor] | None:
         """Rotary cos and sin of positions offset.. (Tq, Dh/2) each, or None."""
@@ -86,9 +93,9 @@ class StackPositions(nn.Module):
         """With a relative bias: (B or 1, H, Tq, Tk) the bias of queries at offset.. over keys
         0..Tk-1 plus ``mask`` (additive, broadcastable) and, if ``causal``, the causal mask:
         the one mask of every layer. Without one: ``mask`` as it is."""
-        if self.relative_bias is None:
+        if self.bias is None:
             return mask
-        bias = self.relative_bias(offset, queries, keys).to(dtype)  # (1, H, Tq, Tk)
+        bias = self.bias(offset, queries, keys).to(dtype)  # (1, H, Tq, Tk)
         if causal:  # (an int offset: a static step has one query and a length mask)
             later = torch.ones(queries, keys, dtype=torch.bool, device=bias.device)
             later = later.triu(1 + offset)
@@ -274,7 +281,7 @@ class Decoder(nn.Module):
         the cached and new steps with a cache, behind its length mask when static."""
         T, dtype = x.size(1), compute_dtype(x)
         rotary = self.positions.rotations(offset, T)
-        if self.positions.relative_bias is None:
+        if self.positions.bias is None:
             return None, rotary
         if cache is not None and cache.static:  # one step, keys: the whole capacity
             length = cache.self_attn[0].bias  # (1, 1, 1, capacity)

@@ -1,8 +1,9 @@
 """Position encodings other than the embedding's sinusoids (``model.positions``, see
-:mod:`transformer.config`): rotary embeddings of self-attention's queries and keys (Su et al. 2021)
-and T5's bucketed relative attention bias (Raffel et al. 2020).
+:mod:`transformer.config`): rotary embeddings of self-attention's queries and keys (Su et al. 2021),
+T5's bucketed relative attention bias (Raffel et al. 2020) and ALiBi's linear biases (Press et al.
+2022).
 
-Both act on self-attention only (cross-attention has none, as in T5 and in CTranslate2) and both
+All act on self-attention only (cross-attention has none, as in T5 and in CTranslate2) and all
 take the position of a call's first query as an int or, in a static decoding step, as a (1,)
 device tensor, so that a CUDA graph reads it rather than baking it in. Rotary tables are halves
 (GPT-NeoX's and Llama's layout, CTranslate2's ``rotary_interleave=False``): dimension i of a head
@@ -98,3 +99,31 @@ class RelativeBias(nn.Module):
         bucket = relative_buckets(k - q, self.bidirectional)  # (Tq, Tk)
         # Contiguous: CUDA's fused kernels take a mask only with a last-dimension stride of 1.
         return self.weight[bucket].permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, H, Tq, Tk)
+
+
+def alibi_slopes(num_heads: int) -> Tensor:
+    """(H,) ALiBi's slope of each head: 2^(-8/n), 2^(-16/n), ..., 2^(-8) for n = H a power of
+    two; otherwise those of n, the largest power of two below H, then every other slope of 2n's
+    sequence (2^(-4/n), 2^(-12/n), ...) for the remaining heads, as the paper's code does."""
+    n = 2 ** int(math.log2(num_heads))
+    slopes = [2 ** (-8 * (i + 1) / n) for i in range(n)]
+    slopes += [2 ** (-8 * (i + 1) / (2 * n)) for i in range(0, 2 * n, 2)][: num_heads - n]
+    return torch.tensor(slopes)
+
+
+class LinearBias(nn.Module):
+    """ALiBi: a fixed bias per head, falling linearly with the distance between query and key,
+    -slope_h * |key - query| (the same both ways in the encoder, as NeMo's bidirectional ALiBi;
+    the decoder's causal mask hides later keys) -> (1, H, Tq, Tk) additive attention bias. No
+    weights: the slopes are a buffer, not saved."""
+
+    def __init__(self, num_heads: int) -> None:
+        super().__init__()
+        self.register_buffer("slopes", alibi_slopes(num_heads), persistent=False)
+
+    def forward(self, offset: int | Tensor, queries: int, keys: int) -> Tensor:
+        """Bias of queries at positions offset.. (int or (1,) tensor) over keys 0..keys-1."""
+        q = positions_of(offset, queries, self.slopes.device)[:, None]  # (Tq, 1)
+        k = torch.arange(keys, device=self.slopes.device)[None, :]  # (1, Tk)
+        distance = (k - q).abs().to(self.slopes.dtype)  # (Tq, Tk)
+        return (-self.slopes[:, None, None] * distance).unsqueeze(0)  # (1, H, Tq, Tk)
