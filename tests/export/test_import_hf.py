@@ -393,6 +393,14 @@ def test_a_multilingual_model_exports_to_ctranslate2_with_its_tokens(
     assert [t[0].text for t in got] == want
 
 
+def test_a_direction_for_an_imported_model_is_refused_naming_it(imported) -> None:
+    """An imported model records no corpus: from Python, a direction is refused by name (not
+    read as a corpus it never had), and without one it translates."""
+    with pytest.raises(ConfigError, match=r"^direction='en-de': the checkpoint records no corpus"):
+        Translator.from_checkpoint(imported, device="cpu", direction="en-de")
+    assert Translator.from_checkpoint(imported, device="cpu").src_tokenizer.prefix == ()
+
+
 def test_the_checkpoint_translates_a_file_with_evaluate_py(imported, tmp_path) -> None:
     text = tmp_path / "input.txt"
     text.write_text("\n".join(LINES) + "\n")

@@ -32,7 +32,7 @@ from transformer.data.source_tokens import (
 )
 from transformer.data.sources import CorpusSource, LocalSource, Multi30kSource
 from transformer.data.text_files import ParallelText, checked
-from transformer.errors import DataError
+from transformer.errors import ConfigError, DataError
 
 COMMON_KEYS = ("source", "src_lang", "tgt_lang", "train_split", "val_split", "test_split")
 _TOKEN = re.compile(r"<[^<>\s]+>")  # a tag: no spaces, in angle brackets
@@ -264,7 +264,14 @@ class CorpusTexts:
 
 def direction_prefix(settings: Mapping[str, Any], direction: str | None) -> tuple[str, ...]:
     """The target token before each source line translated in ``direction`` (None: the first)
-    by a model of data ``settings`` (a checkpoint's), if it was trained with them."""
+    by a model of data ``settings`` (a checkpoint's), if it was trained with them. A direction
+    for a model that records no corpus (an imported one) is refused: it has none to choose."""
     if direction is None and not uses_target_tokens(settings):
         return ()
+    if "source" not in settings and not settings.get("corpora"):
+        raise ConfigError(
+            f"direction={direction!r}: the checkpoint records no corpus (an imported model), so "
+            "it has no directions to choose from; leave direction out (a multilingual OPUS-MT "
+            "model reads the language from a token at each line's start, e.g. '>>fra<< ...')"
+        )
     return CorpusTexts(make_corpora(settings.get("corpora"), settings)).source_prefix(direction)
