@@ -152,8 +152,8 @@ def vocabularies(
     sizes = {"src": len(source) + len(extra["src"]), "tgt": len(target) + len(extra["tgt"])}
     short, gap = min(sizes, key=sizes.__getitem__), abs(sizes["src"] - sizes["tgt"])
     taken = {*source, *target, *extra["src"], *extra["tgt"]}
-    fillers = (name for i in itertools.count() if (name := f"<unused{i}>") not in taken)
-    extra[short] += itertools.islice(fillers, gap)
+    fillers = (f"<unused{i}>" for i in itertools.count())
+    extra[short] += itertools.islice((p for p in fillers if p not in taken), gap)
     return {
         "src": Vocabulary(source, src_ids, extra["src"], "vocab.json"),
         "tgt": Vocabulary(target, ids, extra["tgt"], "target_vocab.json"),
