@@ -46,6 +46,20 @@ LINES = [
 TARGETS = ["der mann läuft", "ein hund sitzt bei dem kind", "x", "hallo", "der ball"]
 
 
+def import_to(marian_dir: Path, out: Path) -> Path:
+    """The checkpoint ``python -m transformer.export.hf_import`` writes of ``marian_dir``."""
+    main([str(marian_dir), str(out)])
+    return out
+
+
+def transformers_of(marian_dir: Path):
+    """The reference: transformers' MarianMTModel and MarianTokenizer of ``marian_dir``."""
+    from transformers import MarianMTModel, MarianTokenizer
+
+    model = MarianMTModel.from_pretrained(marian_dir).eval()
+    return model, MarianTokenizer.from_pretrained(marian_dir)
+
+
 @pytest.fixture(scope="module")
 def marian_dir(tmp_path_factory) -> Path:
     return write_marian_dir(tmp_path_factory.mktemp("marian") / "opus-mt-tiny")
@@ -53,53 +67,35 @@ def marian_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def imported(marian_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("imported") / "opus.ckpt"
-    main([str(marian_dir), str(out)])
-    return out
+    return import_to(marian_dir, tmp_path_factory.mktemp("imported") / "opus.ckpt")
 
 
 @pytest.fixture(scope="module")
 def reference(marian_dir):
-    from transformers import MarianMTModel, MarianTokenizer
-
-    return MarianMTModel.from_pretrained(marian_dir).eval(), MarianTokenizer.from_pretrained(
-        marian_dir
-    )
+    return transformers_of(marian_dir)
 
 
 @pytest.fixture(scope="module")
-def separate_dir(tmp_path_factory) -> Path:
-    """A model with separate source and target vocabularies (target_vocab.json)."""
+def separate(tmp_path_factory) -> tuple[Path, Path, tuple]:
+    """A model with separate source and target vocabularies (target_vocab.json): its directory,
+    its import, and transformers' model and tokenizer of it."""
     out = tmp_path_factory.mktemp("marian") / "opus-mt-tiny-sep"
-    return write_marian_dir(out, separate=True, eos_bias=2.0)  # translations of several lengths
+    marian = write_marian_dir(out, separate=True, eos_bias=2.0)  # translations of several lengths
+    checkpoint = import_to(marian, tmp_path_factory.mktemp("imported") / "sep.ckpt")
+    return marian, checkpoint, transformers_of(marian)
 
 
 @pytest.fixture(scope="module")
-def separate_imported(separate_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("imported") / "sep.ckpt"
-    main([str(separate_dir), str(out)])
-    return out
+def separate_imported(separate) -> Path:
+    return separate[1]
 
 
-@pytest.fixture(scope="module")
-def separate_reference(separate_dir):
-    from transformers import MarianMTModel, MarianTokenizer
-
-    return MarianMTModel.from_pretrained(separate_dir).eval(), MarianTokenizer.from_pretrained(
-        separate_dir
-    )
-
-
-VOCABULARIES = {
-    "one vocabulary": ("marian_dir", "imported", "reference"),
-    "separate vocabularies": ("separate_dir", "separate_imported", "separate_reference"),
-}
-
-
-@pytest.fixture(params=list(VOCABULARIES))
+@pytest.fixture(params=["one vocabulary", "separate vocabularies"])
 def case(request) -> tuple[Path, Path, tuple]:
     """(the MarianMT directory, its import, transformers' model and tokenizer) of each kind."""
-    return tuple(request.getfixturevalue(name) for name in VOCABULARIES[request.param])
+    if request.param == "separate vocabularies":
+        return request.getfixturevalue("separate")
+    return tuple(request.getfixturevalue(name) for name in ("marian_dir", "imported", "reference"))
 
 
 def ours(imported: Path) -> Translator:
@@ -262,9 +258,7 @@ def multilingual_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def multilingual(multilingual_dir, tmp_path_factory) -> Path:
-    out = tmp_path_factory.mktemp("imported") / "mul.ckpt"
-    main([str(multilingual_dir), str(out)])
-    return out
+    return import_to(multilingual_dir, tmp_path_factory.mktemp("imported") / "mul.ckpt")
 
 
 def test_a_multilingual_models_language_token_starts_the_source_as_in_marian(
@@ -586,7 +580,7 @@ def test_a_marian_option_that_does_not_map_is_refused_naming_its_field(
 
 
 def test_separate_vocabularies_need_both_files_and_the_specials_on_both_sides(
-    separate_dir, tmp_path
+    separate, tmp_path
 ) -> None:
     """Without target_vocab.json, or with a source vocabulary that lacks the target's eos piece,
     the import stops naming the file."""
@@ -594,14 +588,14 @@ def test_separate_vocabularies_need_both_files_and_the_specials_on_both_sides(
     def changed(name: str, without: str) -> Path:
         out = tmp_path / name
         out.mkdir()
-        for f in separate_dir.iterdir():
+        for f in separate[0].iterdir():
             if f.name != without:
                 (out / f.name).symlink_to(f)
         return out
 
     with pytest.raises(DataError, match=r"target_vocab\.json does not exist"):
         import_marian(changed("no-target", without="target_vocab.json"))
-    vocab = json.loads((separate_dir / "vocab.json").read_text())
+    vocab = json.loads((separate[0] / "vocab.json").read_text())
     vocab["<eos>"] = vocab.pop("</s>")
     lacking = changed("no-eos", without="vocab.json")
     (lacking / "vocab.json").write_text(json.dumps(vocab))
