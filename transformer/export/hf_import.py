@@ -87,10 +87,10 @@ def model_config(config: dict[str, Any], vocab_size: int) -> TransformerConfig:
 
 
 def embedding_weights(shared: bool) -> dict[str, tuple[str, ...]]:
-    """The MarianMTModel weights each side's embedding may come from, the first found."""
+    """The MarianMTModel weights each side's embedding may come from, the first found (a shared
+    embedding: the source's, which the target shares)."""
     if shared:
-        names = ("model.shared.weight", "model.encoder.embed_tokens.weight")
-        return {"src": names, "tgt": names}
+        return {"src": ("model.shared.weight", "model.encoder.embed_tokens.weight")}
     return {
         "src": ("model.encoder.embed_tokens.weight",),
         "tgt": ("model.decoder.embed_tokens.weight",),
@@ -122,17 +122,17 @@ def import_marian(model_dir: str | os.PathLike) -> dict[str, Any]:
             weights[t] if axis is None else weights[t].index_select(axis, perm) for t in theirs
         ]
         state[ours] = torch.cat(parts).float()
+    tables = {}
     for side, names in embedding_weights(cfg.share_all_embeddings).items():
         theirs = next((k for k in names if k in weights), None)
         if theirs is None:
             raise DataError(f"{model_dir}: its weights have no {names[0]} (an embedding)")
-        table = vocab[side].embedding(weights[theirs].float())[:, perm]  # (V, D)
-        state[f"{side}_embed.tokens.weight"] = table
-    state["output.weight"] = state["tgt_embed.tokens.weight"]  # tied
+        tables[side] = vocab[side].embedding(weights[theirs].float())[:, perm]  # (V, D)
+    state["src_embed.tokens.weight"] = tables["src"]
+    state["tgt_embed.tokens.weight"] = state["output.weight"] = tables.get("tgt", tables["src"])
     target = vocab["tgt"]
-    size = config.get("decoder_vocab_size") or config["vocab_size"]
-    bias = weights.get("final_logits_bias", torch.zeros(1, size))[0].float()
-    bias = target.embedding(bias)
+    bias = weights.get("final_logits_bias")  # (1, V_marian); none: zeros
+    bias = torch.zeros(len(target.pieces)) if bias is None else target.embedding(bias[0].float())
     bias[target.blocked] = BLOCKED_LOGIT
     if not target.blocked and not bias.any():  # none: the model needs no output bias
         cfg.output_bias = False
