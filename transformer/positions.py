@@ -23,9 +23,11 @@ RELATIVE_BUCKETS = 32  # T5's
 RELATIVE_MAX_DISTANCE = 128  # T5's: distances beyond share the last bucket
 
 
-def positions_of(offset: int | Tensor, steps: int, device: torch.device) -> Tensor:
-    """(steps,) the positions offset, offset + 1, ... of a call's queries (offset: int or (1,))."""
-    return torch.arange(steps, device=device) + offset
+def key_minus_query(offset: int | Tensor, queries: int, keys: int, device: torch.device) -> Tensor:
+    """(Tq, Tk) the position of each key 0..keys-1 minus that of each query, the queries at
+    offset, offset + 1, ... (offset: int or (1,) tensor)."""
+    q = torch.arange(queries, device=device)[:, None] + offset  # (Tq, 1)
+    return torch.arange(keys, device=device)[None, :] - q
 
 
 class Rotary(nn.Module):
@@ -94,9 +96,8 @@ class RelativeBias(nn.Module):
 
     def forward(self, offset: int | Tensor, queries: int, keys: int) -> Tensor:
         """Bias of queries at positions offset.. (int or (1,) tensor) over keys 0..keys-1."""
-        q = positions_of(offset, queries, self.weight.device)[:, None]  # (Tq, 1)
-        k = torch.arange(keys, device=self.weight.device)[None, :]  # (1, Tk)
-        bucket = relative_buckets(k - q, self.bidirectional)  # (Tq, Tk)
+        relative = key_minus_query(offset, queries, keys, self.weight.device)  # (Tq, Tk)
+        bucket = relative_buckets(relative, self.bidirectional)  # (Tq, Tk)
         # Contiguous: CUDA's fused kernels take a mask only with a last-dimension stride of 1.
         return self.weight[bucket].permute(2, 0, 1).contiguous().unsqueeze(0)  # (1, H, Tq, Tk)
 
@@ -123,7 +124,6 @@ class LinearBias(nn.Module):
 
     def forward(self, offset: int | Tensor, queries: int, keys: int) -> Tensor:
         """Bias of queries at positions offset.. (int or (1,) tensor) over keys 0..keys-1."""
-        q = positions_of(offset, queries, self.slopes.device)[:, None]  # (Tq, 1)
-        k = torch.arange(keys, device=self.slopes.device)[None, :]  # (1, Tk)
-        distance = (k - q).abs().to(self.slopes.dtype)  # (Tq, Tk)
+        relative = key_minus_query(offset, queries, keys, self.slopes.device)  # (Tq, Tk)
+        distance = relative.abs().to(self.slopes.dtype)
         return (-self.slopes[:, None, None] * distance).unsqueeze(0)  # (1, H, Tq, Tk)
