@@ -24,6 +24,7 @@ COMMANDS = [
     "transformer-average",
     "transformer-prune",
     "transformer-import",
+    "transformer-serve",
 ]
 
 

@@ -1,0 +1,201 @@
+"""The translation server (``python -m transformer.serve``): its answers are the Translator's for
+the same lines and options, requests sent at once each get their own, and bad requests get a 400
+naming the field."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import re
+import subprocess
+import sys
+import threading
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.tiny import compose_cfg, script_env, tiny_overrides
+from transformer import DecodeOptions, Translator
+from transformer.errors import ConfigError, DataError
+from transformer.serve import MAX_BODY, TranslationServer, main, parse_request
+from transformer.training import train
+
+
+@pytest.fixture(scope="module")
+def lines(corpus) -> list[str]:
+    """Four of the corpus's test sources and a blank line."""
+    sources = (corpus / "test.en").read_text().splitlines()
+    return [sources[0], "", *sources[1:4]]
+
+
+@pytest.fixture(scope="module")
+def checkpoint(corpus, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("run")
+    train(compose_cfg([*tiny_overrides(corpus), "trainer.max_steps=40"], out))
+    return out / "checkpoints" / "last.ckpt"
+
+
+@pytest.fixture(scope="module")
+def translator(checkpoint) -> Translator:
+    return Translator.from_checkpoint(checkpoint, device="cpu")
+
+
+@pytest.fixture(scope="module")
+def url(translator, checkpoint) -> Iterator[str]:
+    """A server of the tiny model on a free port, its defaults beam 3."""
+    server = TranslationServer(("127.0.0.1", 0), translator, {"beam_size": 3}, [str(checkpoint)])
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+    server.server_close()
+
+
+def post(url: str, body: Any, path: str = "/translate") -> tuple[int, dict[str, Any]]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode()
+    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=60) as answer:
+            return answer.status, json.load(answer)
+    except urllib.error.HTTPError as err:
+        return err.code, json.load(err)
+
+
+def expected(translator: Translator, lines: list[str], options: dict, **guides) -> list:
+    found = translator.translate(lines, DecodeOptions(**options), **guides)
+    return [[{"text": t.text, "score": t.score} for t in sentence] for sentence in found]
+
+
+def test_a_request_is_checked_field_by_field():
+    lines, options, prefixes, constraints = parse_request(
+        b'{"text": "one line", "options": {"nbest": 2}}', {"beam_size": 3}
+    )
+    assert lines == ["one line"] and (options.beam_size, options.nbest) == (3, 2)
+    assert prefixes is None and constraints is None
+    refused = [
+        (b"not json", DataError, "not JSON"),
+        (b'["a line"]', DataError, '"text"'),
+        (b'{"text": ["a"], "lines": 1}', DataError, "unknown field lines"),
+        (b'{"text": ["a", 3]}', DataError, "text must be a list of strings"),
+        (b'{"text": ["a\\nb"]}', DataError, "text[0] holds a line break"),
+        (b'{"text": ["a"], "options": {"beam_size": 0}}', ConfigError, "options.beam_size"),
+        (b'{"text": ["a"], "options": {"beams": 2}}', ConfigError, "unknown option options.beams"),
+        (b'{"text": ["a", "b"], "prefixes": ["x"]}', DataError, "1 prefixes for 2 lines"),
+        (b'{"text": ["a"], "constraints": ["x"]}', DataError, "constraints[0] must be a list"),
+    ]
+    for body, kind, message in refused:
+        with pytest.raises(kind, match=re.escape(message)):
+            parse_request(body, {})
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("options", [{}, {"strategy": "greedy"}, {"nbest": 2}])
+def test_answers_are_the_translators(url, translator, lines, options):
+    status, answer = post(url, {"text": lines, "options": options})
+    assert status == 200
+    assert answer["translations"] == expected(translator, lines, {"beam_size": 3, **options})
+    assert answer["translations"][1] == [{"text": "", "score": None}]  # the blank line
+
+
+@pytest.mark.slow
+def test_requests_sent_at_once_each_get_their_own(url, translator, lines):
+    requests = [lines[i:] + lines[:i] for i in range(len(lines))] * 2
+    with ThreadPoolExecutor(len(requests)) as pool:
+        answers = list(pool.map(lambda sent: post(url, {"text": sent}), requests))
+    for sent, (status, answer) in zip(requests, answers, strict=True):
+        assert status == 200
+        assert answer["translations"] == expected(translator, sent, {"beam_size": 3})
+
+
+@pytest.mark.slow
+def test_prefixes_and_constraints(url, translator, corpus):
+    lines = (corpus / "test.en").read_text().splitlines()[:2]
+    references = (corpus / "test.de").read_text().splitlines()[:2]
+    prefixes = [references[0].split()[0], ""]
+    status, answer = post(url, {"text": lines, "prefixes": prefixes})
+    assert status == 200
+    assert answer["translations"] == expected(translator, lines, {"beam_size": 3},
+                                              prefixes=prefixes)  # fmt: skip
+    assert answer["translations"][0][0]["text"].startswith(prefixes[0])
+    constraints = [[], [references[1].split()[-1]]]
+    status, answer = post(url, {"text": lines, "constraints": constraints})
+    assert status == 200
+    found = translator.translate(lines, DecodeOptions(beam_size=3), constraints=constraints)
+    assert [[(t["text"], t["constraints_met"]) for t in s] for s in answer["translations"]] == [
+        [(t.text, t.constraints_met) for t in s] for s in found
+    ]
+    assert answer["translations"][1][0]["constraints_met"] is True
+
+
+@pytest.mark.slow
+def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(url, checkpoint):
+    assert post(url, {"text": ["a"], "options": {"beam_size": -1}}) == (
+        400, {"error": "options.beam_size must be >= 1, got -1"}
+    )  # fmt: skip
+    status, answer = post(url, {"text": ["a"], "constraints": [["a"]],
+                                "options": {"strategy": "greedy"}})  # fmt: skip
+    assert status == 400 and "constraints need beam search" in answer["error"]
+    status, answer = post(url, {"text": ["a"], "constraints": [["\u2603\u2603"]]})
+    assert status == 400 and "line 1: constraint" in answer["error"]
+    assert post(url, b"{", "/nowhere")[0] == 404
+    with urllib.request.urlopen(url + "/health", timeout=10) as answer:
+        health = json.load(answer)
+    assert health["checkpoints"] == [str(checkpoint)] and health["options"] == {"beam_size": 3}
+    assert (health["models"], health["device"], health["dtype"]) == (1, "cpu", "float32")
+    assert post(url, {"text": ["a"]})[0] == 200
+
+
+@pytest.mark.slow
+def test_a_connection_carries_several_requests_and_an_oversized_body_is_refused(url, lines):
+    host, port = url.removeprefix("http://").split(":")
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    for _ in range(2):  # keep-alive: both on one connection
+        connection.request("POST", "/translate", json.dumps({"text": lines[:1]}))
+        answer = connection.getresponse()
+        assert answer.status == 200 and len(json.load(answer)["translations"]) == 1
+    connection.close()
+    connection = http.client.HTTPConnection(host, int(port), timeout=60)
+    connection.putrequest("POST", "/translate")
+    connection.putheader("Content-Length", str(MAX_BODY + 1))
+    connection.endheaders()  # the body is never sent: the answer comes before it
+    answer = connection.getresponse()
+    assert answer.status == 413 and "send fewer lines a request" in json.load(answer)["error"]
+    connection.close()
+
+
+@pytest.mark.slow
+def test_the_command_serves_until_stopped(checkpoint, translator, lines, tmp_path):
+    command = [sys.executable, "-m", "transformer.serve", str(checkpoint), "--port", "0",
+               "--device", "cpu", "--decode", '{"strategy": "greedy"}']  # fmt: skip
+    process = subprocess.Popen(command, env=script_env(tmp_path), stderr=subprocess.PIPE,
+                               text=True)  # fmt: skip
+    try:
+        for line in process.stderr:
+            if found := re.search(r"on (http://[\d.]+:\d+)", line):
+                break
+        else:
+            pytest.fail("the server never said where it listens")
+        status, answer = post(found.group(1), {"text": lines})
+        assert status == 200
+        assert answer["translations"] == expected(translator, lines, {"strategy": "greedy"})
+    finally:
+        process.terminate()
+        process.wait(timeout=30)
+
+
+def test_the_command_refuses_bad_options_by_name(tmp_path, capsys):
+    missing = tmp_path / "nowhere" / "*.ckpt"
+    for argv, message in (
+        ([str(missing)], f"checkpoints={missing} matches no file"),
+        (["x.ckpt", "--decode", "[1]"], "--decode='[1]' is not a JSON object"),
+        (["x.ckpt", "--decode", '{"beam_size": 0}'], "--decode.beam_size must be >= 1"),
+        (["x.ckpt", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            main(argv)
+        assert stop.value.code == 2 and message in capsys.readouterr().err
