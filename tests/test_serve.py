@@ -7,6 +7,7 @@ from __future__ import annotations
 import http.client
 import json
 import re
+import socket
 import subprocess
 import sys
 import threading
@@ -199,3 +200,15 @@ def test_the_command_refuses_bad_options_by_name(tmp_path, capsys):
         with pytest.raises(SystemExit) as stop:
             main(argv)
         assert stop.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_the_command_refuses_a_port_in_use(checkpoint, capsys):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = str(taken.getsockname()[1])
+        with pytest.raises(SystemExit) as stop:
+            main([str(checkpoint), "--port", port, "--device", "cpu"])
+    assert stop.value.code == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
