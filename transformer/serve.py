@@ -221,7 +221,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         )
     except OSError as err:
         parser.exit(2, f"error: cannot listen on {args.host}:{args.port} ({err.strerror}): "
-                    "choose another --port\n")  # fmt: skip
+                    "choose another --port (or --host)\n")  # fmt: skip
     host, port = server.server_address[:2]
     log.info("serving %s on http://%s:%d: POST /translate, GET /health", paths[0], host, port)
     try:
