@@ -86,7 +86,6 @@ def test_a_request_is_checked_field_by_field():
         (b'{"text": ["a\\nb"]}', DataError, "text[0] holds a line break"),
         (b'{"text": ["a"], "options": {"beam_size": 0}}', ConfigError, "options.beam_size"),
         (b'{"text": ["a"], "options": {"beams": 2}}', ConfigError, "unknown option options.beams"),
-        (b'{"text": ["a", "b"], "prefixes": ["x"]}', DataError, "1 prefixes for 2 lines"),
         (b'{"text": ["a"], "constraints": ["x"]}', DataError, "constraints[0] must be a list"),
     ]
     for body, kind, message in refused:
@@ -143,6 +142,10 @@ def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(url, check
     assert status == 400 and "constraints need beam search" in answer["error"]
     status, answer = post(url, {"text": ["a"], "constraints": [["\u2603\u2603"]]})
     assert status == 400 and "line 1: constraint" in answer["error"]
+    status, answer = post(url, {"text": ["a", "b"], "prefixes": ["x"]})
+    assert status == 400 and "1 prefixes for 2 lines" in answer["error"]
+    status, answer = post(url, {"text": ["a", "b"], "constraints": [["x"]]})
+    assert status == 400 and "1 lists of constraints for 2 lines" in answer["error"]
     assert post(url, b"{", "/nowhere")[0] == 404
     with urllib.request.urlopen(url + "/health", timeout=10) as answer:
         health = json.load(answer)

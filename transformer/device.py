@@ -41,3 +41,8 @@ def decoding_dtype(name: str, device: torch.device) -> torch.dtype:
     if name == "bfloat16" and device.type == "cuda" and not torch.cuda.is_bf16_supported():
         raise ConfigError("dtype=bfloat16: this GPU does not support it; use dtype=float16")
     return DTYPES[name]
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """As ``dtype=`` spells it: float32, bfloat16, float16."""
+    return str(dtype).removeprefix("torch.")

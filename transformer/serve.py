@@ -27,6 +27,7 @@ from typing import Any
 
 from transformer.checkpoints import checkpoint_paths
 from transformer.decoding import DecodeOptions
+from transformer.device import dtype_name
 from transformer.errors import DataError, UserError
 from transformer.translate import Translation, Translator
 
@@ -45,7 +46,8 @@ def parse_request(
     body: bytes, defaults: dict[str, Any]
 ) -> tuple[list[str], DecodeOptions, list[str] | None, list[list[str]] | None]:
     """A ``/translate`` body's lines, decode options (``defaults`` under its ``options``),
-    prefixes and constraints, checked: a :class:`DataError` or ``ConfigError`` names the field."""
+    prefixes and constraints, their types checked: a :class:`DataError` or ``ConfigError`` names
+    the field (one prefix and one list of constraints a line: ``Translator.translate`` checks)."""
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
@@ -72,9 +74,6 @@ def parse_request(
         if not isinstance(constraints, list):
             raise DataError("constraints must be a list of lists of phrases, one list a line")
         constraints = [_strings(c, f"constraints[{i}]") for i, c in enumerate(constraints)]
-    for name, given in (("prefixes", prefixes), ("constraints", constraints)):
-        if given is not None and len(given) != len(lines):
-            raise DataError(f"{len(given)} {name} for {len(lines)} lines: give one a line")
     return lines, decode, prefixes, constraints
 
 
@@ -105,13 +104,12 @@ class TranslationServer(ThreadingHTTPServer):
         self.translator, self.max_tokens = translator, max_tokens
         self.defaults = dict(defaults or {})
         DecodeOptions.from_dict(self.defaults, prefix="--decode")  # checked before listening
-        model = translator.model
         self.health = {
             "status": "ok",
             "checkpoints": list(checkpoints),
             "models": len(translator.models),
             "device": str(translator.device),
-            "dtype": str(next(model.parameters()).dtype).removeprefix("torch."),
+            "dtype": dtype_name(next(translator.model.parameters()).dtype),
             "options": self.defaults,
         }
         self.lock = threading.Lock()

@@ -29,7 +29,7 @@ from transformer.data.corpora import CorpusTexts
 from transformer.data.source_tokens import uses_target_tokens
 from transformer.decoding import DecodeOptions
 from transformer.decoding.runtime import backend, use_graphs, use_static_search
-from transformer.device import decoding_device, decoding_dtype
+from transformer.device import decoding_device, decoding_dtype, dtype_name
 from transformer.errors import ConfigError
 from transformer.evaluation.config_checks import validate_evaluate_config
 from transformer.evaluation.files import (
@@ -53,10 +53,6 @@ def decoding_backend(options: DecodeOptions, device: torch.device, dtype: torch.
     whole search step)."""
     whole_step = use_static_search(options, device, use_cache=True)
     return backend(torch.empty(0, device=device), dtype, use_graphs(options, device), whole_step)
-
-
-def _name(dtype: torch.dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def _torch_translator(
@@ -144,7 +140,7 @@ def evaluate(cfg: DictConfig, stdout: IO[bytes] | None = None) -> dict[str, Any]
         "decode": decode_settings,
         "engine": engine,
         "device": str(device),
-        "dtype": translator.compute_type if engine == "ctranslate2" else _name(dtype),
+        "dtype": translator.compute_type if engine == "ctranslate2" else dtype_name(dtype),
         "backend": "ctranslate2"
         if engine == "ctranslate2"
         else decoding_backend(options, device, dtype),
