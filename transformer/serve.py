@@ -2,7 +2,7 @@
 ``transformer-serve`` command), JSON in and out, on the standard library's threading HTTP server.
 
 ``POST /translate`` with ``{"text": ["A dog runs.", ...]}`` (or one string) answers
-``{"translations": [[{"text": "Ein Hund rennt.", "score": -0.41}], ...]}``: each line's
+``{"translations": [[{"text": "Ein Hund rennt.", "score": -0.14}], ...]}``: each line's
 ``nbest`` translations, best first, as :meth:`Translator.translate` gives them, in the request's
 order. Optional fields: ``options`` (decode options, evaluate.py's ``decode.*``, over the server's
 ``--decode``), ``prefixes`` (each translation's start, one a line, "" for none) and
