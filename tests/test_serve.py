@@ -1,6 +1,6 @@
 """The translation server (``python -m transformer.serve``): its answers are the Translator's for
-the same lines and options, requests sent at once each get their own, and bad requests get a 400
-naming the field."""
+the same lines and options, requests sent at once each get their own (those that wait decoded
+together where they can), and bad requests get a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
@@ -22,7 +23,8 @@ import pytest
 
 from tests.tiny import compose_cfg, script_env, tiny_overrides
 from transformer import DecodeOptions, Translator
-from transformer.errors import ConfigError, DataError
+from transformer.errors import ConfigError, DataError, GuideError
+from transformer.request_batches import Batcher, Job
 from transformer.serve import MAX_BODY, TranslationServer, main, parse_request
 from transformer.training import train
 
@@ -70,6 +72,92 @@ def post(url: str, body: Any, path: str = "/translate") -> tuple[int, dict[str, 
 def expected(translator: Translator, lines: list[str], options: dict, **guides) -> list:
     found = translator.translate(lines, DecodeOptions(**options), **guides)
     return [[{"text": t.text, "score": t.score} for t in sentence] for sentence in found]
+
+
+class Held:
+    """The translator, its first call held until ``release`` is set; each call's lines kept."""
+
+    def __init__(self, translator: Translator) -> None:
+        self.translator, self.calls = translator, []
+        self.busy, self.release = threading.Event(), threading.Event()
+
+    def translate(self, lines, options, max_tokens=4096, **guides):
+        self.calls.append(list(lines))
+        if len(self.calls) == 1:
+            self.busy.set()
+            self.release.wait(60)
+        return self.translator.translate(lines, options, max_tokens, **guides)
+
+
+def decode_while_held(translator: Translator, jobs: list[Job], batch_lines: int) -> Held:
+    """``jobs[0]`` decoded first, held until the others wait in this order, then all of them."""
+    held = Held(translator)
+    batcher = Batcher(held, 4096, batch_lines)
+    with ThreadPoolExecutor(len(jobs)) as pool:
+        pool.submit(batcher.translate, jobs[0])
+        assert held.busy.wait(60)
+        for k, job in enumerate(jobs[1:], 1):
+            pool.submit(batcher.translate, job)
+            while len(batcher.waiting) < k:  # queued in this order
+                time.sleep(0.001)
+        held.release.set()
+    batcher.close()
+    return held
+
+
+def assert_as_alone(translator: Translator, job: Job) -> None:
+    """The job's answer is the one it gets decoded by itself: the same texts, scores within
+    float32's rounding (other lines share its batches)."""
+    alone = translator.translate(
+        job.lines, job.options, constraints=job.constraints, prefixes=job.prefixes
+    )
+    answer = job.answer.result(timeout=0)
+    assert [[t.text for t in s] for s in answer] == [[t.text for t in s] for s in alone]
+    assert [[t.constraints_met for t in s] for s in answer] == [
+        [t.constraints_met for t in s] for s in alone
+    ]
+    scores = [t.score for s in answer for t in s if t.score is not None]
+    assert scores == pytest.approx([t.score for s in alone for t in s if t.score is not None],
+                                   abs=1e-5)  # fmt: skip
+
+
+@pytest.mark.slow
+def test_waiting_requests_are_decoded_together_each_as_it_would_be_alone(translator, lines):
+    beam, nbest = DecodeOptions(beam_size=3), DecodeOptions(beam_size=3, nbest=2)
+    sample = DecodeOptions(strategy="sample", seed=1)
+    jobs = [
+        Job(lines[:1], beam),  # decoding while the others arrive
+        Job(lines[1:3], beam),
+        Job(lines[:2], nbest),  # other options: a call of its own
+        Job(lines[3:], beam),  # joins the second: 4 lines
+        Job(lines, beam),  # 5 more would make 9, over 6
+        Job(lines[2:4], sample),  # sampling: alone, each line's draws its own
+        Job(lines[2:4], sample),
+        Job(lines[1:3], beam, prefixes=["", lines[2].split()[0]]),  # prefixes: not with None
+    ]
+    held = decode_while_held(translator, jobs, batch_lines=6)
+    assert held.calls == [
+        lines[:1], lines[1:3] + lines[3:], lines[:2], lines, lines[2:4], lines[2:4], lines[1:3]
+    ]  # fmt: skip
+    for job in jobs:
+        assert_as_alone(translator, job)
+    assert jobs[5].answer.result() == jobs[6].answer.result()
+
+
+@pytest.mark.slow
+def test_a_bad_request_decoded_with_others_fails_alone(translator, lines, corpus):
+    word = (corpus / "test.de").read_text().split()[1]
+    jobs = [
+        Job(lines[:1], DecodeOptions(beam_size=3)),
+        *(Job(lines[2:4], DecodeOptions(beam_size=3), constraints=c)
+          for c in ([[word], []], [[], ["\u2603\u2603"]], [[], [word]])),
+    ]  # fmt: skip
+    held = decode_while_held(translator, jobs, batch_lines=64)
+    assert held.calls == [lines[:1], lines[2:4] * 3, lines[2:4], lines[2:4], lines[2:4]]
+    with pytest.raises(GuideError, match="^line 2: constraint '\u2603\u2603'"):
+        jobs[2].answer.result(timeout=0)  # its own line number, not the merged call's 4
+    for job in (jobs[0], jobs[1], jobs[3]):
+        assert_as_alone(translator, job)
 
 
 def test_a_request_is_checked_field_by_field():
@@ -151,6 +239,7 @@ def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(url, check
         health = json.load(answer)
     assert health["checkpoints"] == [str(checkpoint)] and health["options"] == {"beam_size": 3}
     assert (health["models"], health["device"], health["dtype"]) == (1, "cpu", "float32")
+    assert (health["max_tokens"], health["batch_lines"]) == (4096, 64)
     assert post(url, {"text": ["a"]})[0] == 200
 
 
@@ -199,6 +288,7 @@ def test_the_command_refuses_bad_options_by_name(tmp_path, capsys):
         (["x.ckpt", "--decode", "[1]"], "--decode='[1]' is not a JSON object"),
         (["x.ckpt", "--decode", '{"beam_size": 0}'], "--decode.beam_size must be >= 1"),
         (["x.ckpt", "--max-tokens", "0"], "--max-tokens must be >= 1"),
+        (["x.ckpt", "--batch-lines", "0"], "--batch-lines must be >= 1"),
     ):
         with pytest.raises(SystemExit) as stop:
             main(argv)

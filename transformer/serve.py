@@ -10,8 +10,12 @@ order. Optional fields: ``options`` (decode options, evaluate.py's ``decode.*``,
 answers the checkpoints, device and default options. A request the server cannot translate gets
 status 400 and ``{"error": ...}`` naming the field; "line N" in an error is the request's Nth.
 
-One model in memory, one request decoded at a time (a lock: the search's caches are the model's);
-a request's lines are batched by length as evaluate.py's ``input=`` batches them.
+One model in memory, decoded by one thread (the search's caches are the model's). Requests that
+arrive while it decodes wait, and those with the same options and the same kinds of guides are
+then decoded together, up to ``--batch-lines`` lines (:mod:`transformer.request_batches`): their
+lines are batched by length as evaluate.py's ``input=`` batches them, and each request gets the
+answer it would get alone. Sampling requests are decoded alone (a line's draws depend on its
+index).
 """
 
 from __future__ import annotations
@@ -19,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import threading
 from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -29,6 +32,7 @@ from transformer.checkpoints import checkpoint_paths
 from transformer.decoding import DecodeOptions
 from transformer.device import dtype_name
 from transformer.errors import DataError, UserError
+from transformer.request_batches import Batcher, Job
 from transformer.translate import Translation, Translator
 
 log = logging.getLogger(__name__)
@@ -100,8 +104,9 @@ class TranslationServer(ThreadingHTTPServer):
         defaults: dict[str, Any] | None = None,
         checkpoints: Sequence[str] = (),
         max_tokens: int = 4096,
+        batch_lines: int = 64,
     ) -> None:
-        self.translator, self.max_tokens = translator, max_tokens
+        self.translator = translator
         self.defaults = dict(defaults or {})
         DecodeOptions.from_dict(self.defaults, prefix="--decode")  # checked before listening
         self.health = {
@@ -111,19 +116,22 @@ class TranslationServer(ThreadingHTTPServer):
             "device": str(translator.device),
             "dtype": dtype_name(next(translator.model.parameters()).dtype),
             "options": self.defaults,
+            "max_tokens": max_tokens,
+            "batch_lines": batch_lines,
         }
-        self.lock = threading.Lock()
-        super().__init__(address, _Handler)
+        self.batcher = Batcher(translator, max_tokens, batch_lines)
+        super().__init__(address, _Handler)  # a port in use: server_close, then the OSError
 
     def translate(self, body: bytes) -> dict[str, Any]:
         """The answer to a ``/translate`` body; a :class:`UserError` for a bad request."""
-        lines, options, prefixes, constraints = parse_request(body, self.defaults)
-        with self.lock:
-            found = self.translator.translate(
-                lines, options, self.max_tokens, constraints=constraints, prefixes=prefixes
-            )
-        constrained = constraints is not None
-        return {"translations": [[as_json(t, options, constrained) for t in s] for s in found]}
+        job = Job(*parse_request(body, self.defaults))
+        found = self.batcher.translate(job)
+        constrained = job.constraints is not None
+        return {"translations": [[as_json(t, job.options, constrained) for t in s] for s in found]}
+
+    def server_close(self) -> None:
+        super().server_close()
+        self.batcher.close()
 
 
 class _Handler(BaseHTTPRequestHandler):
@@ -194,6 +202,8 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "request's \"options\" override them")  # fmt: skip
     parser.add_argument("--max-tokens", type=int, default=4096, help="source tokens a batch "
                         "holds, padding included (default 4096)")  # fmt: skip
+    parser.add_argument("--batch-lines", type=int, default=64, help="lines of waiting requests "
+                        "decoded together (default 64; 1: each request alone)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -202,8 +212,9 @@ def main(argv: Sequence[str] | None = None) -> None:
             raise ValueError("not an object")
     except ValueError as err:
         parser.exit(2, f"error: --decode={args.decode!r} is not a JSON object ({err})\n")
-    if args.max_tokens < 1:
-        parser.exit(2, f"error: --max-tokens must be >= 1, got {args.max_tokens}\n")
+    for option, value in (("--max-tokens", args.max_tokens), ("--batch-lines", args.batch_lines)):
+        if value < 1:
+            parser.exit(2, f"error: {option} must be >= 1, got {value}\n")
     try:
         paths = checkpoint_paths(args.checkpoints, option="checkpoints")
         DecodeOptions.from_dict(defaults, prefix="--decode")
@@ -215,7 +226,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"error: {err}\n")
     try:
         server = TranslationServer(
-            (args.host, args.port), translator, defaults, paths, args.max_tokens
+            (args.host, args.port), translator, defaults, paths, args.max_tokens, args.batch_lines
         )
     except OSError as err:
         parser.exit(2, f"error: cannot listen on {args.host}:{args.port} ({err.strerror}): "

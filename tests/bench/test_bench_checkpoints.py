@@ -18,6 +18,7 @@ SCRIPTS = {  # script -> its arguments after the checkpoint ({corpus}, {text}: f
     "bench_ct2.py": ["--root", "{corpus}", "--split", "test"],
     "bench_length_buckets.py": ["--data", "{corpus}"],
     "bench_prune.py": [],
+    "bench_serve.py": ["--source", "{text}", "--clients", "1", "--requests", "1"],
     "bench_translate.py": ["--source", "{text}"],
     "bench_validation.py": ["--data", "{corpus}"],
 }
