@@ -144,6 +144,15 @@ def test_waiting_requests_are_decoded_together_each_as_it_would_be_alone(transla
     assert jobs[5].answer.result() == jobs[6].answer.result()
 
 
+def test_a_job_has_one_prefix_and_one_list_of_constraints_a_line():
+    beam = DecodeOptions()
+    with pytest.raises(DataError, match=re.escape("3 prefixes for 2 lines: give one a line")):
+        Job(["a", "b"], beam, prefixes=["x", "", "y"])  # joined, "y" would be the next job's
+    with pytest.raises(DataError, match=re.escape("1 lists of constraints for 2 lines")):
+        Job(["a", "b"], beam, constraints=[["x"]])
+    assert Job(["a", "b"], beam, prefixes=["x", ""], constraints=[[], ["y"]]).lines == ["a", "b"]
+
+
 @pytest.mark.slow
 def test_a_bad_request_decoded_with_others_fails_alone(translator, lines, corpus):
     word = (corpus / "test.de").read_text().split()[1]

@@ -51,7 +51,7 @@ def parse_request(
 ) -> tuple[list[str], DecodeOptions, list[str] | None, list[list[str]] | None]:
     """A ``/translate`` body's lines, decode options (``defaults`` under its ``options``),
     prefixes and constraints, their types checked: a :class:`DataError` or ``ConfigError`` names
-    the field (one prefix and one list of constraints a line: ``Translator.translate`` checks)."""
+    the field (one prefix and one list of constraints a line: :class:`Job` checks)."""
     try:
         request = json.loads(body)
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
