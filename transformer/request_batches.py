@@ -54,7 +54,9 @@ class Batcher:
     whatever its size). Should that call fail, each of its jobs is decoded alone, so a bad
     request's error (its own line numbers) reaches it alone."""
 
-    def __init__(self, translator: Translator, max_tokens: int, batch_lines: int) -> None:
+    def __init__(
+        self, translator: Translator, max_tokens: int = 4096, batch_lines: int = 64
+    ) -> None:
         self.translator, self.max_tokens, self.batch_lines = translator, max_tokens, batch_lines
         self.waiting: deque[Job] = deque()
         self.changed = threading.Condition()
