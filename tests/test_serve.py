@@ -25,7 +25,7 @@ from tests.tiny import compose_cfg, script_env, tiny_overrides
 from transformer import DecodeOptions, Translator
 from transformer.errors import ConfigError, DataError, GuideError
 from transformer.request_batches import Batcher, Job
-from transformer.serve import MAX_BODY, TranslationServer, main, parse_request
+from transformer.serve import MAX_BODY, TranslationServer, _Handler, main, parse_request
 from transformer.training import train
 
 
@@ -80,6 +80,9 @@ class Held:
     def __init__(self, translator: Translator) -> None:
         self.translator, self.calls = translator, []
         self.busy, self.release = threading.Event(), threading.Event()
+
+    def __getattr__(self, name: str) -> Any:  # the rest is the translator's (models, device)
+        return getattr(self.translator, name)
 
     def translate(self, lines, options, max_tokens=4096, **guides):
         self.calls.append(list(lines))
@@ -253,6 +256,37 @@ def test_bad_requests_get_400_naming_the_field_and_the_server_goes_on(url, check
 
 
 @pytest.mark.slow
+def test_closing_the_server_answers_the_requests_it_has_read(translator, lines, monkeypatch):
+    monkeypatch.setattr(_Handler, "timeout", 0.5)  # seconds a kept-alive connection idles
+    writing, answer_now = threading.Event(), _Handler._answer
+    monkeypatch.setattr(_Handler, "_answer", lambda *a: writing.wait(60) and answer_now(*a))
+    held = Held(translator)
+    server = TranslationServer(("127.0.0.1", 0), held, {"beam_size": 3})
+    serving = threading.Thread(target=server.serve_forever, daemon=True)
+    serving.start()
+    connection = http.client.HTTPConnection(*server.server_address[:2], timeout=60)
+    connection.request("POST", "/translate", json.dumps({"text": lines}))  # held while decoded
+    assert held.busy.wait(60)
+    server.shutdown()  # the service stops: no more connections ...
+    closing = threading.Thread(target=server.server_close)
+    closing.start()
+    closing.join(0.5)
+    assert closing.is_alive()  # ... but the request it has read is still being answered
+    held.release.set()
+    closing.join(0.5)
+    assert closing.is_alive()  # ... and written
+    writing.set()
+    answer = connection.getresponse()  # the connection is kept open: closed after its idle time
+    assert answer.status == 200
+    assert json.load(answer)["translations"] == expected(translator, lines, {"beam_size": 3})
+    closing.join(30)
+    assert not closing.is_alive()
+    connection.close()
+    with pytest.raises(urllib.error.URLError, match="Connection refused"):
+        post(f"http://127.0.0.1:{server.server_address[1]}", {"text": lines})
+
+
+@pytest.mark.slow
 def test_a_connection_carries_several_requests_and_an_oversized_body_is_refused(url, lines):
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -285,8 +319,11 @@ def test_the_command_serves_until_stopped(checkpoint, translator, lines, tmp_pat
         status, answer = post(found.group(1), {"text": lines})
         assert status == 200
         assert answer["translations"] == expected(translator, lines, {"strategy": "greedy"})
+        process.terminate()  # SIGTERM, as a service manager stops it: a clean exit
+        assert process.wait(timeout=30) == 0
+        assert "stopped" in process.stderr.read()
     finally:
-        process.terminate()
+        process.kill()
         process.wait(timeout=30)
 
 

@@ -9,6 +9,7 @@ order. Optional fields: ``options`` (decode options, evaluate.py's ``decode.*``,
 ``constraints`` (the phrases each line's translations must hold, a list a line). ``GET /health``
 answers the checkpoints, device and default options. A request the server cannot translate gets
 status 400 and ``{"error": ...}`` naming the field; "line N" in an error is the request's Nth.
+Ctrl-C or SIGTERM stops listening, answers the requests already read, and exits with status 0.
 
 One model in memory, decoded by one thread (the search's caches are the model's). Requests that
 arrive while it decodes wait, and those with the same options and the same kinds of guides are
@@ -23,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import signal
 from collections.abc import Sequence
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -38,6 +40,7 @@ from transformer.translate import Translation, Translator
 log = logging.getLogger(__name__)
 FIELDS = ("text", "options", "prefixes", "constraints")
 MAX_BODY = 16 * 2**20  # bytes a request may send
+KEEP_ALIVE = 5.0  # seconds a connection may wait for its next request (or a body's next bytes)
 
 
 def _strings(value: Any, field: str) -> list[str]:
@@ -93,9 +96,11 @@ def as_json(translation: Translation, options: DecodeOptions, constrained: bool)
 
 
 class TranslationServer(ThreadingHTTPServer):
-    """Serves one :class:`Translator` at ``address`` ((host, port); port 0: any free one)."""
+    """Serves one :class:`Translator` at ``address`` ((host, port); port 0: any free one).
+    :meth:`server_close` stops listening and returns once every request it has read is answered
+    (a connection idle for :data:`KEEP_ALIVE` seconds is closed)."""
 
-    daemon_threads = True
+    daemon_threads = False  # server_close waits for the requests being answered
 
     def __init__(
         self,
@@ -137,6 +142,7 @@ class TranslationServer(ThreadingHTTPServer):
 class _Handler(BaseHTTPRequestHandler):
     server: TranslationServer
     protocol_version = "HTTP/1.1"  # keep-alive: a client's requests share one connection
+    timeout = KEEP_ALIVE
 
     def do_GET(self) -> None:
         if self.path != "/health":
@@ -233,12 +239,18 @@ def main(argv: Sequence[str] | None = None) -> None:
                     "choose another --port (or --host)\n")  # fmt: skip
     host, port = server.server_address[:2]
     log.info("serving %s on http://%s:%d: POST /translate, GET /health", paths[0], host, port)
+    signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: as Ctrl-C
     try:
         server.serve_forever()
     except KeyboardInterrupt:
-        log.info("stopped")
+        log.info("stopping: answering the requests already read")
     finally:
         server.server_close()
+    log.info("stopped")
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":
