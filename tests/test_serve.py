@@ -139,6 +139,10 @@ def test_waiting_requests_are_decoded_together_each_as_it_would_be_alone(transla
         Job(lines[1:3], beam, prefixes=["", lines[2].split()[0]]),  # prefixes: not with None
     ]
     held = decode_while_held(translator, jobs, batch_lines=6)
+    batcher = Batcher(translator)
+    with pytest.raises(ValueError, match="this Job was sent before"):
+        batcher.translate(jobs[1])  # its future holds its answer
+    batcher.close()
     assert held.calls == [
         lines[:1], lines[1:3] + lines[3:], lines[:2], lines, lines[2:4], lines[2:4], lines[1:3]
     ]  # fmt: skip

@@ -65,10 +65,14 @@ class Batcher:
         self.thread.start()
 
     def translate(self, job: Job) -> list[list[Translation]]:
-        """The job's translations, once decoded; its error, raised, if it has one."""
+        """The job's translations, once decoded; its error, raised, if it has one. A job is
+        sent once (its future holds one answer)."""
         with self.changed:
             if self.closed:
-                raise RuntimeError("the server is closed")
+                raise RuntimeError("the Batcher is closed: it decodes no more jobs")
+            if job.answer.running() or job.answer.done():
+                raise ValueError("this Job was sent before: make a new Job for each request")
+            job.answer.set_running_or_notify_cancel()
             self.waiting.append(job)
             self.changed.notify()
         return job.answer.result()
