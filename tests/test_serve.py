@@ -59,9 +59,14 @@ def url(translator, checkpoint) -> Iterator[str]:
     server.server_close()
 
 
-def post(url: str, body: Any, path: str = "/translate") -> tuple[int, dict[str, Any]]:
+def post(
+    url: str, body: Any, path: str = "/translate", key: str | None = None
+) -> tuple[int, dict[str, Any]]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode()
-    request = urllib.request.Request(url + path, data, {"Content-Type": "application/json"})
+    headers = {"Content-Type": "application/json"}
+    if key is not None:
+        headers["Authorization"] = f"Bearer {key}"
+    request = urllib.request.Request(url + path, data, headers)
     try:
         with urllib.request.urlopen(request, timeout=60) as answer:
             return answer.status, json.load(answer)
@@ -291,6 +296,25 @@ def test_closing_the_server_answers_the_requests_it_has_read(translator, lines, 
 
 
 @pytest.mark.slow
+def test_with_an_api_key_translating_needs_it(translator, lines):
+    server = TranslationServer(("127.0.0.1", 0), translator, {"beam_size": 3}, api_key="s3cret")
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    url = f"http://127.0.0.1:{server.server_address[1]}"
+    try:
+        for key in (None, "wrong", "s3cre"):
+            status, answer = post(url, {"text": lines}, key=key)
+            assert status == 401 and "Authorization: Bearer KEY" in answer["error"]
+        status, answer = post(url, {"text": lines}, key="s3cret")
+        assert status == 200
+        assert answer["translations"] == expected(translator, lines, {"beam_size": 3})
+        with urllib.request.urlopen(url + "/health", timeout=10) as health:  # a probe: no key
+            assert health.status == 200
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.slow
 def test_a_connection_carries_several_requests_and_an_oversized_body_is_refused(url, lines):
     host, port = url.removeprefix("http://").split(":")
     connection = http.client.HTTPConnection(host, int(port), timeout=60)
@@ -312,15 +336,16 @@ def test_a_connection_carries_several_requests_and_an_oversized_body_is_refused(
 def test_the_command_serves_until_stopped(checkpoint, translator, lines, tmp_path):
     command = [sys.executable, "-m", "transformer.serve", str(checkpoint), "--port", "0",
                "--device", "cpu", "--decode", '{"strategy": "greedy"}']  # fmt: skip
-    process = subprocess.Popen(command, env=script_env(tmp_path), stderr=subprocess.PIPE,
-                               text=True)  # fmt: skip
+    env = {**script_env(tmp_path), "TRANSFORMER_SERVE_API_KEY": "from-the-environment"}
+    process = subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True)
     try:
         for line in process.stderr:
             if found := re.search(r"on (http://[\d.]+:\d+)", line):
                 break
         else:
             pytest.fail("the server never said where it listens")
-        status, answer = post(found.group(1), {"text": lines})
+        assert post(found.group(1), {"text": lines})[0] == 401
+        status, answer = post(found.group(1), {"text": lines}, key="from-the-environment")
         assert status == 200
         assert answer["translations"] == expected(translator, lines, {"strategy": "greedy"})
         process.terminate()  # SIGTERM, as a service manager stops it: a clean exit

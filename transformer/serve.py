@@ -9,7 +9,9 @@ order. Optional fields: ``options`` (decode options, evaluate.py's ``decode.*``,
 ``constraints`` (the phrases each line's translations must hold, a list a line). ``GET /health``
 answers the checkpoints, device and default options. A request the server cannot translate gets
 status 400 and ``{"error": ...}`` naming the field; "line N" in an error is the request's Nth.
-Ctrl-C or SIGTERM stops listening, answers the requests already read, and exits with status 0.
+With ``--api-key`` (or ``$TRANSFORMER_SERVE_API_KEY``) ``POST /translate`` needs
+``Authorization: Bearer KEY`` (401 without it). Ctrl-C or SIGTERM stops listening, answers the
+requests already read, and exits with status 0.
 
 One model in memory, decoded by one thread (the search's caches are the model's). Requests that
 arrive while it decodes wait, and those with the same options and the same kinds of guides are
@@ -22,8 +24,10 @@ index).
 from __future__ import annotations
 
 import argparse
+import hmac
 import json
 import logging
+import os
 import signal
 from collections.abc import Sequence
 from http import HTTPStatus
@@ -41,6 +45,7 @@ log = logging.getLogger(__name__)
 FIELDS = ("text", "options", "prefixes", "constraints")
 MAX_BODY = 16 * 2**20  # bytes a request may send
 KEEP_ALIVE = 5.0  # seconds a connection may wait for its next request (or a body's next bytes)
+API_KEY_ENV = "TRANSFORMER_SERVE_API_KEY"  # the key, kept out of the command line
 
 
 def _strings(value: Any, field: str) -> list[str]:
@@ -110,8 +115,11 @@ class TranslationServer(ThreadingHTTPServer):
         checkpoints: Sequence[str] = (),
         max_tokens: int = 4096,
         batch_lines: int = 64,
+        api_key: str | None = None,
     ) -> None:
-        self.translator = translator
+        """With ``api_key``, ``POST /translate`` needs ``Authorization: Bearer <api_key>``
+        (``GET /health`` does not: a load balancer's probe)."""
+        self.translator, self.api_key = translator, api_key
         self.defaults = dict(defaults or {})
         DecodeOptions.from_dict(self.defaults, prefix="--decode")  # checked before listening
         self.health = {
@@ -154,6 +162,8 @@ class _Handler(BaseHTTPRequestHandler):
         refused = None  # (status, message) of a request whose body is not read
         if self.path != "/translate":
             refused = HTTPStatus.NOT_FOUND, f"no POST {self.path}: /translate"
+        elif not self._authorized():
+            refused = HTTPStatus.UNAUTHORIZED, "send the server's key: Authorization: Bearer KEY"
         elif not size.isdigit():
             refused = HTTPStatus.LENGTH_REQUIRED, "send a Content-Length"
         elif int(size) > MAX_BODY:
@@ -174,9 +184,16 @@ class _Handler(BaseHTTPRequestHandler):
             return self._answer(HTTPStatus.INTERNAL_SERVER_ERROR, {"error": "internal error"})
         self._answer(HTTPStatus.OK, answer)
 
+    def _authorized(self) -> bool:
+        key = self.server.api_key
+        given = self.headers.get("Authorization", "").removeprefix("Bearer ").strip()
+        return key is None or hmac.compare_digest(given.encode(), key.encode())
+
     def _answer(self, status: HTTPStatus, payload: dict[str, Any]) -> None:
         data = json.dumps(payload, ensure_ascii=False).encode()
         self.send_response(status)
+        if status == HTTPStatus.UNAUTHORIZED:
+            self.send_header("WWW-Authenticate", "Bearer")
         self.send_header("Content-Type", "application/json; charset=utf-8")
         self.send_header("Content-Length", str(len(data)))
         self.end_headers()
@@ -210,6 +227,10 @@ def main(argv: Sequence[str] | None = None) -> None:
                         "holds, padding included (default 4096)")  # fmt: skip
     parser.add_argument("--batch-lines", type=int, default=64, help="lines of waiting requests "
                         "decoded together (default 64; 1: each request alone)")  # fmt: skip
+    parser.add_argument("--api-key", default=os.environ.get(API_KEY_ENV) or None,
+                        help="POST /translate needs 'Authorization: Bearer KEY' (default: "
+                        f"${API_KEY_ENV}, which keeps it out of the process list; unset: "
+                        "none needed)")  # fmt: skip
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
@@ -232,13 +253,15 @@ def main(argv: Sequence[str] | None = None) -> None:
         parser.exit(2, f"error: {err}\n")
     try:
         server = TranslationServer(
-            (args.host, args.port), translator, defaults, paths, args.max_tokens, args.batch_lines
-        )
+            (args.host, args.port), translator, defaults, paths, args.max_tokens,
+            args.batch_lines, args.api_key or None,
+        )  # fmt: skip
     except OSError as err:
         parser.exit(2, f"error: cannot listen on {args.host}:{args.port} ({err.strerror}): "
                     "choose another --port (or --host)\n")  # fmt: skip
     host, port = server.server_address[:2]
-    log.info("serving %s on http://%s:%d: POST /translate, GET /health", paths[0], host, port)
+    log.info("serving %s on http://%s:%d: POST /translate%s, GET /health", paths[0], host, port,
+             " (with the API key)" if args.api_key else "")  # fmt: skip
     signal.signal(signal.SIGTERM, _interrupt)  # a service manager's stop: as Ctrl-C
     try:
         server.serve_forever()
