@@ -141,7 +141,8 @@ def test_waiting_requests_are_decoded_together_each_as_it_would_be_alone(transla
         Job(lines, beam),  # 5 more would make 9, over 6
         Job(lines[2:4], sample),  # sampling: alone, each line's draws its own
         Job(lines[2:4], sample),
-        Job(lines[1:3], beam, prefixes=["", lines[2].split()[0]]),  # prefixes: not with None
+        Job(lines[1:3], beam, prefixes=["", lines[2].split()[0]]),  # joins the second: 6
+        Job(lines[:1], beam, constraints=[[]]),  # constraints: not with None
     ]
     held = decode_while_held(translator, jobs, batch_lines=6)
     batcher = Batcher(translator)
@@ -149,7 +150,8 @@ def test_waiting_requests_are_decoded_together_each_as_it_would_be_alone(transla
         batcher.translate(jobs[1])  # its future holds its answer
     batcher.close()
     assert held.calls == [
-        lines[:1], lines[1:3] + lines[3:], lines[:2], lines, lines[2:4], lines[2:4], lines[1:3]
+        lines[:1], lines[1:3] + lines[3:] + lines[1:3], lines[:2], lines, lines[2:4], lines[2:4],
+        lines[:1],
     ]  # fmt: skip
     for job in jobs:
         assert_as_alone(translator, job)

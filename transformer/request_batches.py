@@ -37,12 +37,13 @@ class Job:
             )
 
     def joins(self, other: Job) -> bool:
-        """Whether ``other`` can be decoded in one call with this job: the same options, the
-        same kinds of guides, and no sampling (a line's draws depend on its index)."""
+        """Whether ``other`` can be decoded in one call with this job: the same options, both
+        with constraints or both without (constrained beam search is another search), and no
+        sampling (a line's draws depend on its index). Prefixes mix: a line without one is
+        decoded as in a call without prefixes."""
         return (
             self.options.strategy != "sample"
             and other.options == self.options
-            and (other.prefixes is None) == (self.prefixes is None)
             and (other.constraints is None) == (self.constraints is None)
         )
 
@@ -127,8 +128,8 @@ class Batcher:
         first = group[0]
         lines = [line for job in group for line in job.lines]
         prefixes = constraints = None
-        if first.prefixes is not None:
-            prefixes = [p for job in group for p in job.prefixes]
+        if any(job.prefixes is not None for job in group):  # "": none
+            prefixes = [p for job in group for p in job.prefixes or [""] * len(job.lines)]
         if first.constraints is not None:
             constraints = [c for job in group for c in job.constraints]
         return self.translator.translate(

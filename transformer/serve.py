@@ -14,7 +14,7 @@ With ``--api-key`` (or ``$TRANSFORMER_SERVE_API_KEY``) ``POST /translate`` needs
 requests already read, and exits with status 0.
 
 One model in memory, decoded by one thread (the search's caches are the model's). Requests that
-arrive while it decodes wait, and those with the same options and the same kinds of guides are
+arrive while it decodes wait, and those with the same options (and constraints or none alike) are
 then decoded together, up to ``--batch-lines`` lines (:mod:`transformer.request_batches`): their
 lines are batched by length as evaluate.py's ``input=`` batches them, and each request gets the
 answer it would get alone. Sampling requests are decoded alone (a line's draws depend on its
