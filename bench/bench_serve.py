@@ -12,7 +12,6 @@ percentile), with whether the answers are the same at every setting (an md5 of t
 from __future__ import annotations
 
 import argparse
-import gzip
 import hashlib
 import json
 import re
@@ -23,6 +22,8 @@ import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+
+from transformer.data.text_files import read_lines
 
 
 def start(args: argparse.Namespace, batch_lines: int) -> tuple[subprocess.Popen, str]:
@@ -91,9 +92,7 @@ def main() -> None:
     parser.add_argument("--beam", type=int, default=5, help="the server's beam (default 5)")
     parser.add_argument("--device", default="auto", help="auto, cpu or cuda")
     args = parser.parse_args()
-    opener = gzip.open if args.source.endswith(".gz") else open
-    with opener(args.source, "rt", encoding="utf-8") as f:
-        sources = [line.rstrip("\n") for line in f]
+    sources = read_lines(args.source)
     needed = args.clients * args.requests * args.lines
     if len(sources) < needed:
         raise SystemExit(f"{args.source} has {len(sources)} lines; the clients send {needed}")

@@ -19,6 +19,19 @@ def encode_lines(tok: Tokenizer, lines: Sequence[str], limit: int) -> dict[int, 
     return dict(zip(todo, encoded, strict=True))
 
 
+def check_guides(
+    lines: int, prefixes: Sequence[str] | None, constraints: Sequence[object] | None = None
+) -> None:
+    """One prefix and one list of constraints a line, where given: else a :class:`DataError`."""
+    if prefixes is not None and len(prefixes) != lines:
+        raise DataError(f"{len(prefixes)} prefixes for {lines} lines: give one a line")
+    if constraints is not None and len(constraints) != lines:
+        raise DataError(
+            f"{len(constraints)} lists of constraints for {lines} lines: give one a line "
+            "([] for none)"
+        )
+
+
 def target_prefixes(
     tok: Tokenizer, lines: Sequence[str], prefixes: Sequence[str] | None, limit: int, first: int
 ) -> list[list[int]] | None:
@@ -27,8 +40,7 @@ def target_prefixes(
     number in errors)."""
     if prefixes is None:
         return None
-    if len(prefixes) != len(lines):
-        raise DataError(f"{len(prefixes)} prefixes for {len(lines)} lines: give one a line")
+    check_guides(len(lines), prefixes)
     if not any(p.strip() for p in prefixes):
         return None
     encoded = [tok.encode(p) if p.strip() else [] for p in prefixes]

@@ -10,7 +10,7 @@ from concurrent.futures import Future
 from dataclasses import dataclass, field
 
 from transformer.decoding import DecodeOptions
-from transformer.errors import DataError
+from transformer.line_batches import check_guides
 from transformer.translate import Translation, Translator
 
 
@@ -25,16 +25,8 @@ class Job:
     answer: Future[list[list[Translation]]] = field(default_factory=Future)
 
     def __post_init__(self) -> None:
-        """One prefix and one list of constraints a line, checked here: joined to other jobs'
-        lines, a count that is off would shift theirs instead of failing."""
-        n = len(self.lines)
-        if self.prefixes is not None and len(self.prefixes) != n:
-            raise DataError(f"{len(self.prefixes)} prefixes for {n} lines: give one a line")
-        if self.constraints is not None and len(self.constraints) != n:
-            raise DataError(
-                f"{len(self.constraints)} lists of constraints for {n} lines: give one a line "
-                "([] for none)"
-            )
+        # checked here: joined to other jobs' lines, a count that is off would shift theirs
+        check_guides(len(self.lines), self.prefixes, self.constraints)
 
     def joins(self, other: Job) -> bool:
         """Whether ``other`` can be decoded in one call with this job: the same options, both

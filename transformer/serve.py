@@ -119,7 +119,7 @@ class TranslationServer(ThreadingHTTPServer):
     ) -> None:
         """With ``api_key``, ``POST /translate`` needs ``Authorization: Bearer <api_key>``
         (``GET /health`` does not: a load balancer's probe)."""
-        self.translator, self.api_key = translator, api_key
+        self.api_key = api_key
         self.defaults = dict(defaults or {})
         DecodeOptions.from_dict(self.defaults, prefix="--decode")  # checked before listening
         self.health = {

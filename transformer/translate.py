@@ -28,8 +28,13 @@ from transformer.decoding import (
 from transformer.decoding.alignment import cross_attention, format_alignment, word_alignment
 from transformer.decoding.scoring import token_log_probs
 from transformer.device import decoding_device, decoding_dtype
-from transformer.errors import ConfigError, DataError, GuideError
-from transformer.line_batches import encode_lines, length_batches, target_prefixes
+from transformer.errors import ConfigError, GuideError
+from transformer.line_batches import (
+    check_guides,
+    encode_lines,
+    length_batches,
+    target_prefixes,
+)
 
 
 @dataclass
@@ -178,11 +183,7 @@ class Translator:
         ids = encode_lines(self.src_tokenizer, lines, self.max_positions)
         phrases = None
         if constraints is not None:
-            if len(constraints) != len(lines):
-                raise DataError(
-                    f"{len(constraints)} lists of constraints for {len(lines)} lines: give one a "
-                    "line ([] for none)"
-                )
+            check_guides(len(lines), None, constraints)
             phrases = [
                 self.constraint_ids(c, first_line + i + 1) for i, c in enumerate(constraints)
             ]
