@@ -17,7 +17,6 @@ A phrase is met when its text occurs in the translation, case-sensitive (evaluat
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 import platform
 import statistics
@@ -35,6 +34,7 @@ from transformer.checkpoints import (
     model_from_checkpoint,
     tokenizers_from_checkpoint,
 )
+from transformer.data.text_files import read_lines
 from transformer.data.tokenizer import UNK_ID
 from transformer.decoding import DecodeOptions
 from transformer.decoding.step import Stepper
@@ -42,12 +42,6 @@ from transformer.errors import one_line_errors
 from transformer.evaluation.terminology import constraints_met
 from transformer.metrics import score_translations
 from transformer.translate import Translation, Translator
-
-
-def read(path: str) -> list[str]:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return f.read().splitlines()
 
 
 def words(text: str) -> list[str]:
@@ -81,7 +75,8 @@ def main() -> None:
     ckpt = load_checkpoint(args.ckpt)
     model = model_from_checkpoint(ckpt, args.ckpt)
     translator = Translator(model, *tokenizers_from_checkpoint(ckpt, args.ckpt))
-    sources, references = read(args.source)[: args.lines], read(args.reference)[: args.lines]
+    sources = read_lines(args.source)[: args.lines]
+    references = read_lines(args.reference)[: args.lines]
     options = DecodeOptions(beam_size=args.beam)
     translator.translate(sources[:50], options, args.max_tokens)  # warm-up
 
