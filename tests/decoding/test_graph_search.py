@@ -21,6 +21,7 @@ from transformer.decoding.runtime import use_static_search
 
 SEARCHES = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}
 PREFIXES = torch.tensor([[7, 8, PAD], [PAD, PAD, PAD], [9, PAD, PAD], [10, 11, 12]])
+EVERY_PREFIXED = torch.tensor([[7, 8, PAD], [13, 9, PAD], [9, 16, 15], [10, 11, 12]])
 PHRASES = [[[13, 14]], [], [[15]], [[16], [17, 18]]]
 
 
@@ -94,6 +95,8 @@ def test_constraints(beams) -> None:
     assert_same_search(random_model(), sources(), options, constraints=PHRASES)
     both = dict(constraints=PHRASES, target_prefix=PREFIXES)
     assert_same_search(random_model(), sources(), options | dict(sync_every=2), **both)
+    every = dict(constraints=PHRASES, target_prefix=EVERY_PREFIXED)  # one row a sentence at first
+    assert_same_search(random_model(), sources(), options | dict(sync_every=2), **every)
 
 
 @pytest.mark.parametrize("strategy", ["greedy", "beam", "sample"])

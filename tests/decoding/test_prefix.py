@@ -21,6 +21,7 @@ from tests.decoding.test_decoding import (
 )
 from transformer import kernels
 from transformer.decoding import DecodeOptions, beam_search, greedy_decode, sample
+from transformer.decoding.step import Stepper
 
 SEARCHES = {"greedy": greedy_decode, "beam": beam_search, "sample": sample}
 # Unconstrained, every search says "A". After "B": "C" for sure. After "C": greedy "C A" (0.6 x
@@ -120,6 +121,35 @@ def test_right_after_its_prefix_only_the_best_candidate_may_end() -> None:
     free = beam_search(ScriptedModel(script), torch.full((1, 3), A), DecodeOptions(**options),
                        bos_id=BOS, eos_id=EOS)[0]  # fmt: skip
     assert [h.tokens for h in free] == [[A], []]
+
+
+def test_while_every_sentence_is_within_its_prefix_beam_search_steps_one_row_each(
+    monkeypatch,
+) -> None:
+    """Prefixes of 3, 5 and 4 tokens: the first 3 steps decode one row a sentence (its K beams
+    would be copies), then K rows; cached or not, the hypotheses are those of the static search,
+    which runs K rows a sentence from the first step."""
+    model, src = random_model(), sources()[:3]
+    prefixes = [[5, 6, 7], [8, 9, 10, 11, 12], [13, 14, 15, 16]]
+    rows: list[int] = []
+    log_probs = Stepper.log_probs
+
+    def counted(self: Stepper, p: torch.Tensor) -> torch.Tensor:
+        rows.append(p.size(0))
+        return log_probs(self, p)
+
+    monkeypatch.setattr(Stepper, "log_probs", counted)
+    options = dict(beam_size=4, nbest=4, max_len_b=9, len_penalty=0.6)
+    ids = dict(bos_id=BOS, eos_id=EOS, target_prefix=prefix_tensor(prefixes))
+    want = beam_search(model, src, DecodeOptions(**options, static_search=True), **ids)
+    for use_cache in (True, False):
+        rows.clear()
+        got = beam_search(model, src, DecodeOptions(**options), **ids, use_cache=use_cache)
+        assert rows[:4] == [3, 3, 3, 12]
+        assert [[h.tokens for h in s] for s in got] == [[h.tokens for h in s] for s in want]
+        for a, b in zip(got, want, strict=True):
+            assert [h.score for h in a] == pytest.approx([h.score for h in b], abs=1e-5)
+        assert all(s[0].tokens[: len(p)] == p for s, p in zip(got, prefixes, strict=True))
 
 
 def test_the_prefix_is_forced_where_it_repeats_a_banned_ngram() -> None:

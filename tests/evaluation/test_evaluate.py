@@ -426,7 +426,7 @@ def test_user_mistakes_on_the_evaluation_path_are_user_errors(trained, tmp_path)
 
 
 @pytest.mark.slow
-def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> None:
+def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained, tmp_path) -> None:
     ckpt, corpus = trained
     script = REPO / "bench" / "bench_translate.py"
     run = [sys.executable, str(script), str(ckpt), "--source", str(corpus / "test.en")]
@@ -437,6 +437,16 @@ def test_bench_translate_times_the_checkpoint_and_hashes_its_output(trained) -> 
     row = done.stdout.splitlines()[-1].split(" | ")
     assert row[0] == f"| {REPO}" and float(row[1]) > 0 and float(row[2]) > 0
     assert len(row[3].rstrip(" |")) == 32  # one md5: the same translations every run
+    halves = tmp_path / "halves.de"  # each reference's first half as its translation's start
+    halves.write_text("".join(" ".join(x.split()[: len(x.split()) // 2]) + "\n"
+                              for x in lines(corpus / "test.de")))  # fmt: skip
+    forced = [*run, "--beam", "2", "--repeat", "1", "--prefixes", str(halves), "--max-tokens", "1"]
+    done = subprocess.run(forced, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1].split(" | ")[3].rstrip(" |") != row[3].rstrip(" |")
+    halves.write_text("ein\n")
+    done = subprocess.run(forced, capture_output=True, text=True, timeout=120)
+    assert done.returncode != 0 and f"--prefixes {halves}: 1 lines for" in done.stderr
 
 
 def test_length_batches_fill_the_token_budget_longest_first() -> None:

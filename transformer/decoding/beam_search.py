@@ -6,14 +6,15 @@ draws ``2 * beam_size`` candidates, so that however many of them end in eos, ``b
 remain (fairseq's rule). A sentence is done when it holds ``beam_size`` finished hypotheses or
 reaches its maximum length, ``max_len_a * source_length + max_len_b`` tokens before eos; its rows
 then leave the batch (its cache rows too), so the remaining sentences decode alone. The first step
-runs one row per sentence (its K beams would be K copies), the later ones K. The only host
-synchronisation reads how many sentences are done: every step on the CPU, every ``sync_every``
-steps elsewhere, where done sentences wait frozen (their live beams at -inf) and then leave into
-one of a few batch sizes (``transformer.decoding.runtime.batch_size``), filled with padding
-sentences whose hypotheses are dropped. Nothing is copied from the host in the loop: the ids it
-bans are index tensors made before it. With ``decode.static_search`` (off by default), the same
-rules run as one whole step at static shapes instead, K beams from
-the first step and done sentences frozen to the end (:mod:`transformer.decoding.static`).
+runs one row per sentence (its K beams would be K copies), and so does each step at which every
+sentence's token is forced by its prefix (:mod:`transformer.decoding.prefix`); the later ones K.
+The only host synchronisation reads how many sentences are done: every step on the CPU, every
+``sync_every`` steps elsewhere, where done sentences wait frozen (their live beams at -inf) and
+then leave into one of a few batch sizes (``transformer.decoding.runtime.batch_size``), filled
+with padding sentences whose hypotheses are dropped. Nothing is copied from the host in the
+loop: the ids it bans are index tensors made before it. With ``decode.static_search`` (off by
+default), the same rules run as one whole step at static shapes instead, K beams from the first
+step and done sentences frozen to the end (:mod:`transformer.decoding.static`).
 """
 
 from __future__ import annotations
@@ -106,8 +107,9 @@ def _search(
     out_tokens = torch.full((B + 1, K, L), pad_id, device=device)
 
     stepper = Stepper(models, src, src_pad_mask, use_cache, L, use_graphs(options, device))
-    # The n unfinished sentences, each with k live prefixes (1 at first, then K) in
-    # consecutive rows, and its K best finished hypotheses so far.
+    # The n unfinished sentences, each with k live prefixes (1 at first and while every
+    # sentence's token is forced, then K) in consecutive rows, and its K best finished
+    # hypotheses so far.
     sentence = torch.arange(B, device=device)  # (n,) their rows in the output
     prefixes = torch.full((B, 1), bos_id, device=device)  # (n * k, t + 1)
     scores = torch.zeros(B, 1, device=device)  # (n, k)
@@ -116,6 +118,7 @@ def _search(
     order = torch.arange(2 * K, device=device)
     order_eos = order + 2 * K  # an eos candidate ranks after every other
     first_rows = torch.arange(B, device=device).unsqueeze(1)  # (n, 1) k * its first row
+    forced = hooks.forced_steps()  # steps at which every sentence's token is given: one row each
 
     for t in range(L):  # t tokens generated so far
         n, k = scores.shape
@@ -159,15 +162,17 @@ def _search(
             1, pick.unsqueeze(-1).expand(-1, -1, L)
         )  # (n, K, L)
 
-        # Continue with the best K candidates that did not end in eos.
+        # Continue with the best K candidates that did not end in eos (the best one while
+        # the next step's token is forced for every sentence).
+        k_next = 1 if t + 1 < forced else K
         is_eos = cand_tok.eq(eos_id)
-        live = torch.where(is_eos, order_eos, order).topk(K, dim=1, largest=False).indices
-        scores, beam = cand_scores.gather(1, live), cand_beam.gather(1, live)  # (n, K)
+        live = torch.where(is_eos, order_eos, order).topk(k_next, dim=1, largest=False).indices
+        scores, beam = cand_scores.gather(1, live), cand_beam.gather(1, live)  # (n, k_next)
         token = cand_tok.gather(1, live)
         hooks.keep_beams(live)
         rows = first_rows + beam
         prefixes = torch.cat([prefixes[rows.view(-1)], token.view(-1, 1)], 1)
-        if t == 0:  # the first step: each sentence's row becomes its K beams' rows
+        if k < k_next:  # the first free step next: each sentence's row becomes its K beams' rows
             stepper.expand_beams(K)
             rows = torch.arange(n * K, device=device).view(n, K)
             first_rows = rows[:, :1]
@@ -181,7 +186,7 @@ def _search(
         if n_done == n:
             break
         if size == n:  # the batch keeps its rows
-            if t > 0 and K > 1:  # (one beam: the rows stay as they are)
+            if k > 1:  # (one beam, or just expanded: the rows stay as they are)
                 stepper.reorder(rows.view(-1))
             continue
         # Done sentences leave: their hypotheses go to the output, the others to a batch of
@@ -195,8 +200,8 @@ def _search(
         sentence, scores, max_len = sentence[keep], scores[keep], max_len[keep]
         fin_scores, fin_tokens = fin_scores[keep], fin_tokens[keep]
         hooks.keep(keep)
-        prefixes = prefixes.view(n, K, t + 2)[keep].view(-1, t + 2)
-        first_rows = K * torch.arange(size, device=device).unsqueeze(1)
+        prefixes = prefixes.view(n, k_next, t + 2)[keep].view(-1, t + 2)
+        first_rows = k_next * torch.arange(size, device=device).unsqueeze(1)
         if size > n_live:  # padding sentences: done from the start, their output dropped
             sentence[n_live:], max_len[n_live:], scores[n_live:] = B, -1, float("-inf")
     out_scores[sentence] = fin_scores  # the sentences done at the last step

@@ -6,7 +6,9 @@ no kernel. The searches (greedy, sampling: :func:`transformer.decoding.greedy.de
 :func:`transformer.decoding.beam_search.beam_search`) call the moments of their :class:`Hooks`
 without branching on which features are on. In step order:
 
-1. :meth:`SearchHook.lengthen`, once before the loop: each sentence's most tokens before eos.
+1. :meth:`SearchHook.lengthen`, once before the loop: each sentence's most tokens before eos;
+   beam search then asks :meth:`SearchHook.forced_steps`, the first steps that force every
+   sentence's token (it runs them on one row a sentence).
 2. :meth:`SearchHook.observe`: the step's log-probabilities as the model gives them.
 3. :meth:`SearchHook.log_probs`: the same, changed (bans at -inf, a forced token alone).
 4. Beam search only: :meth:`SearchHook.beam_log_probs` on the per-beam view, then
@@ -40,6 +42,10 @@ class SearchHook:
     def lengthen(self, max_len: Tensor, cap: int) -> Tensor:
         """(n,) each sentence's most tokens before eos, at most ``cap`` -> the same, changed."""
         return max_len
+
+    def forced_steps(self) -> int:
+        """How many steps, from the first, force the token of every sentence of the batch."""
+        return 0
 
     def static(self, beams: int) -> None:
         """A static search: ``beams`` rows a sentence from the first step (beam search's first
@@ -95,6 +101,9 @@ class Hooks(SearchHook):
         for hook in self.hooks:
             max_len = hook.lengthen(max_len, cap)
         return max_len
+
+    def forced_steps(self) -> int:
+        return max((hook.forced_steps() for hook in self.hooks), default=0)
 
     def static(self, beams: int) -> None:
         for hook in self.hooks:

@@ -5,8 +5,10 @@ A search given ``target_prefix`` (B, P), ids padded with the pad id (a row of pa
 steps the model on its cache as usual but, at step t < the sentence's prefix length, takes the
 prefix's token t, whatever the model prefers and whatever it bans (n-grams, eos before
 ``min_len``); the search proper starts after it. Beam search keeps one live beam per sentence
-during its prefix (the others at -inf: every beam would be a copy), and at the first step after
-it lets only the best candidate be eos (CTranslate2's rule, :meth:`ForcedPrefix.no_early_eos`).
+during its prefix (every beam would be a copy): one row a sentence while every sentence of the
+batch is within its prefix (:meth:`ForcedPrefix.forced_steps`), then K rows, those of a sentence
+still within its prefix all at -inf but one. At the first step after a prefix it lets only the
+best candidate be eos (CTranslate2's rule, :meth:`ForcedPrefix.no_early_eos`).
 
 Lengths count the whole hypothesis, prefix included (``min_len``, ``max_len_a * src_len +
 max_len_b``, the length that ``len_penalty`` divides by), as CTranslate2's do; a sentence's
@@ -79,6 +81,10 @@ class ForcedPrefix(SearchHook):
                 f"positions allow ({cap} tokens before eos)"
             )
         return torch.maximum(max_len, lengths)
+
+    def forced_steps(self) -> int:
+        """The shortest prefix of the batch: the steps that force every sentence's token."""
+        return int(self.lengths[:-1].min())
 
     def observe(self, lprobs: Tensor, sentences: Tensor, k: int, t: int | Tensor) -> None:
         """Within the prefixes (``t`` below their longest; a static step's, always), which rows
