@@ -56,13 +56,11 @@ def child(args: argparse.Namespace) -> None:
     if prefixes is not None and len(prefixes) != len(lines):
         sys.exit(f"--prefixes {args.prefixes}: {len(prefixes)} lines for {len(lines)} sources")
     options = DecodeOptions(**strategy, beam_size=args.beam)
-    kwargs = {"max_tokens": args.max_tokens}
-    warm = {"prefixes": prefixes[:50]} if prefixes else {}
-    translator.translate(lines[:50], options, **kwargs, **warm)
-    if prefixes:
-        kwargs["prefixes"] = prefixes
+    # prefixes only when given: an older timed checkout may lack the argument
+    warm, forced = ({"prefixes": prefixes[:50]}, {"prefixes": prefixes}) if prefixes else ({}, {})
+    translator.translate(lines[:50], options, max_tokens=args.max_tokens, **warm)
     start = time.perf_counter()
-    out = translator.translate(lines, options, **kwargs)
+    out = translator.translate(lines, options, max_tokens=args.max_tokens, **forced)
     seconds = time.perf_counter() - start
     text = "\n".join(t[0].text for t in out)
     md5 = hashlib.md5(text.encode()).hexdigest()
